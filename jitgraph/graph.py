@@ -1,0 +1,301 @@
+"""Graph and Tensor: the Python handles users build with.
+
+A ``Graph`` owns the node table (``jitgraph.ir.NodeTable``), the names, and the
+value store holding every param's and const's data.  A ``Tensor`` is a thin
+handle ``(graph, node id)``; ops are plain functions in ``jitgraph.ops`` and the
+arithmetic operators are attached to ``Tensor`` there.
+"""
+import numbers
+
+import numpy as np
+
+from .errors import GraphError
+from .ir import (F_CONST, F_INDEX, F_INPUT, F_PARAM, MAX_DIMS, NodeTable,
+                 flag_names)
+from .registry import CONST, INPUT, OPS, PARAM
+
+_ALIGN = 16   # elements: value offsets are multiples of 64 bytes (float32)
+
+
+def _check_dtype(dtype):
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise GraphError(f"Graph dtype {dtype!r} is not a dtype; use np.float32 or np.float64") from None
+    if dt not in (np.float32, np.float64):
+        raise GraphError(f"Graph dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def check_shape(shape, what):
+    """A shape tuple of 0..4 positive ints, or GraphError naming ``what``."""
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise GraphError(f"{what}: shape must be a tuple of ints, got {shape!r}") from None
+    if len(dims) > MAX_DIMS:
+        raise GraphError(f"{what}: shape {dims} has {len(dims)} dims; at most {MAX_DIMS} are supported")
+    out = []
+    for d in dims:
+        if not isinstance(d, numbers.Integral) or isinstance(d, bool):
+            raise GraphError(f"{what}: shape {dims} must hold ints, got {d!r}")
+        if d <= 0:
+            raise GraphError(f"{what}: shape {dims} has a dimension {d}; dimensions must be >= 1")
+        out.append(int(d))
+    return tuple(out)
+
+
+def as_numeric_array(value, what):
+    """``value`` as a real numeric numpy array, or GraphError naming ``what``."""
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # ragged lists and the like
+        raise GraphError(f"{what}: cannot make an array of {type(value).__name__}: {e}") from None
+    if arr.dtype.kind not in "biuf":
+        raise GraphError(f"{what}: values must be real numbers, got dtype {arr.dtype}")
+    return arr
+
+
+class Graph:
+    """A growable computation graph of one float dtype.
+
+    >>> g = Graph(np.float32)
+    >>> x = g.input((64, 32), name="x")
+    >>> W = g.param(np.random.randn(32, 16), name="W")
+    """
+
+    def __init__(self, dtype=np.float32, capacity=256):
+        self.dtype = _check_dtype(dtype)
+        self.nodes = NodeTable(capacity)
+        self.shapes = []          # unpadded shape tuple per node built from Python
+        self.names = {}           # node id -> name
+        self._ids_by_name = {}
+        self.store = np.zeros(1024, self.dtype)   # values of params and consts
+        self.store_used = 0
+        self.params = []          # param node ids, in creation order
+        self.grads = {}           # param id -> last gradient (numpy), set by backward runs
+
+    # ---- nodes -----------------------------------------------------------------
+    def _node(self, op, srcs, shape, ip=(), fp=(), flags=0):
+        n = self.nodes.append(op, srcs, shape, ip, fp, flags)
+        self.shapes.append(shape)
+        return Tensor(self, n)
+
+    def shape_of(self, n):
+        if n < len(self.shapes):
+            return self.shapes[n]
+        return self.nodes.shape_of(n)   # appended by a jitted pass
+
+    def sync_shapes(self):
+        """Extend the Python shape cache over nodes appended by jitted passes."""
+        t = self.nodes
+        if len(self.shapes) < t.n:
+            self.shapes.extend(t.shape_of(i) for i in range(len(self.shapes), t.n))
+
+    def label(self, n):
+        """How messages and pictures name node n: its name, else op#id."""
+        name = self.names.get(n)
+        if name is not None:
+            return name
+        return f"{OPS[int(self.nodes.op[n])].name}#{n}"
+
+    def _set_name(self, n, name):
+        if name is None:
+            return
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"tensor name must be a non-empty string, got {name!r}")
+        other = self._ids_by_name.get(name)
+        if other is not None and other != n:
+            raise GraphError(f"name {name!r} is already used by another tensor of this graph")
+        old = self.names.get(n)
+        if old is not None:
+            del self._ids_by_name[old]
+        self.names[n] = name
+        self._ids_by_name[name] = n
+
+    def tensor(self, key):
+        """The tensor with this name (or node id)."""
+        if isinstance(key, str):
+            n = self._ids_by_name.get(key)
+            if n is None:
+                raise GraphError(f"no tensor named {key!r} in this graph")
+            return Tensor(self, n)
+        if isinstance(key, numbers.Integral) and 0 <= key < self.nodes.n:
+            return Tensor(self, int(key))
+        raise GraphError(f"no tensor {key!r} in this graph")
+
+    def __len__(self):
+        return self.nodes.n
+
+    def __repr__(self):
+        return f"Graph({self.nodes.n} nodes, dtype={self.dtype.name})"
+
+    # ---- leaves ----------------------------------------------------------------
+    def _store_alloc(self, size):
+        off = -(-self.store_used // _ALIGN) * _ALIGN
+        end = off + size
+        if end > self.store.size:
+            cap = self.store.size
+            while cap < end:
+                cap *= 2
+            new = np.zeros(cap, self.dtype)
+            new[: self.store_used] = self.store[: self.store_used]
+            self.store = new
+        self.store_used = end
+        return off
+
+    def _leaf_with_value(self, op, flags, value, name, what):
+        arr = as_numeric_array(value, what)
+        shape = check_shape(arr.shape, what)
+        if arr.dtype.kind in "iu" and op == CONST:
+            flags |= F_INDEX      # an integer const can index an embedding
+        off = self._store_alloc(arr.size)
+        self.store[off: off + arr.size] = arr.reshape(-1)
+        t = self._node(op, (), shape, ip=(off,), flags=flags)
+        self._set_name(t.id, name)
+        return t
+
+    def input(self, shape, name=None, dtype=None):
+        """A placeholder fed at run time.  ``dtype`` may be an integer type for an
+        index input (embedding indices); otherwise the graph's float dtype."""
+        what = f"input {name!r}" if name else "input"
+        shape = check_shape(shape, what)
+        flags = F_INPUT
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            if dt.kind in "iu":
+                flags |= F_INDEX
+            elif dt.kind != "f":
+                raise GraphError(f"{what}: dtype must be a float or integer type, got {dt}")
+        t = self._node(INPUT, (), shape, flags=flags)
+        self._set_name(t.id, name)
+        return t
+
+    def param(self, value, name=None):
+        """A trainable leaf with an initial value (copied, cast to the graph dtype)."""
+        t = self._leaf_with_value(PARAM, F_PARAM, value, name, f"param {name!r}" if name else "param")
+        self.params.append(t.id)
+        return t
+
+    def const(self, value, name=None):
+        """A constant leaf; never gets a gradient."""
+        return self._leaf_with_value(CONST, F_CONST, value, name, f"const {name!r}" if name else "const")
+
+
+class Tensor:
+    """A handle to one node of a Graph.  Hashable, so it can key a feed dict."""
+
+    __slots__ = ("graph", "id")
+    __array_priority__ = 1000     # numpy scalars/arrays on the left defer to us
+
+    def __init__(self, graph, node_id):
+        self.graph = graph
+        self.id = node_id
+
+    def __hash__(self):
+        return hash((id(self.graph), self.id))
+
+    def __eq__(self, other):
+        return isinstance(other, Tensor) and other.graph is self.graph and other.id == self.id
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __bool__(self):
+        return True
+
+    @property
+    def shape(self):
+        return self.graph.shape_of(self.id)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        s = 1
+        for d in self.shape:
+            s *= d
+        return s
+
+    @property
+    def dtype(self):
+        return self.graph.dtype
+
+    @property
+    def op(self):
+        return OPS[int(self.graph.nodes.op[self.id])].name
+
+    @property
+    def flags(self):
+        return flag_names(int(self.graph.nodes.flags[self.id]))
+
+    @property
+    def sources(self):
+        return [Tensor(self.graph, s) for s in self.graph.nodes.sources(self.id)]
+
+    @property
+    def name(self):
+        return self.graph.names.get(self.id)
+
+    @name.setter
+    def name(self, value):
+        self.graph._set_name(self.id, value)
+
+    def named(self, name):
+        """Set the name and return self: ``h = jg.relu(x @ W).named("h")``."""
+        self.graph._set_name(self.id, name)
+        return self
+
+    @property
+    def label(self):
+        return self.graph.label(self.id)
+
+    def _store_slice(self):
+        g = self.graph
+        if not int(g.nodes.flags[self.id]) & (F_PARAM | F_CONST):
+            raise GraphError(f"tensor {self.label!r} ({self.op}) has no stored value; "
+                             "only params and consts do (run a program to compute others)")
+        off = int(g.nodes.ip[self.id, 0])
+        return off, off + self.size
+
+    @property
+    def value(self):
+        """A copy of a param's or const's current value."""
+        a, b = self._store_slice()
+        return self.graph.store[a:b].reshape(self.shape).copy()
+
+    @value.setter
+    def value(self, new):
+        a, b = self._store_slice()
+        arr = as_numeric_array(new, f"value of {self.label!r}")
+        if arr.shape != self.shape:
+            raise GraphError(f"value of {self.label!r}: shape {arr.shape} does not match the tensor's shape {self.shape}")
+        self.graph.store[a:b] = arr.reshape(-1)
+
+    @property
+    def grad(self):
+        """The gradient of the last backward run that computed it (a numpy array)."""
+        g = self.graph
+        if not int(g.nodes.flags[self.id]) & F_PARAM:
+            raise GraphError(f"tensor {self.label!r} is not a param; only params hold a .grad")
+        got = g.grads.get(self.id)
+        if got is None:
+            raise GraphError(f"param {self.label!r} has no gradient yet: run a backward graph first")
+        return got()
+
+    def __repr__(self):
+        kind = ",".join(self.flags) or self.op
+        return f"<Tensor {self.label!r} {self.op} shape={self.shape} {self.dtype.name} [{kind}]>"
+
+
+def same_graph(what, *tensors):
+    """The one graph of ``tensors``, or GraphError naming the stranger."""
+    g = tensors[0].graph
+    for t in tensors[1:]:
+        if t.graph is not g:
+            raise GraphError(f"{what}: {tensors[0].label!r} and {t.label!r} belong to different graphs")
+    return g

@@ -1,0 +1,190 @@
+"""The graph IR: nodes as a struct of numpy arrays.
+
+Row ``n`` of every array describes node ``n``.  Nodes are append-only, so a
+node's sources always have smaller ids and a node id is stable for the life of
+the graph (dropout uses it as the identity of its random mask).
+
+* ``op``      int32    opcode (see ``jitgraph.ops``)
+* ``src``     int32    [n, MAX_SRC] source ids, -1 where unused
+* ``ndim``    int32    number of dimensions (0..MAX_DIMS)
+* ``shape``   int64    [n, MAX_DIMS] shape, left-padded with 1s to MAX_DIMS, so
+                       kernels always see four dims
+* ``ip``      int64    [n, N_IP] integer op parameters (axes masks, perms, seeds ...)
+* ``fp``      float64  [n, N_FP] float op parameters (eps, p, scale ...)
+* ``flags``   int32    bit set of F_* below
+* ``origin``  int32    for gradient / recomputed nodes: the forward node it comes
+                       from (-1 otherwise)
+* ``rule``    int32    for gradient nodes: which source's rule made it (-1 otherwise)
+
+Jitted passes receive the arrays as one tuple ``G`` (order as in ``FIELDS``) plus
+the node count; they append rows in place and return the new count.  Capacity
+grows by doubling on the Python side, before a pass that may need it.
+"""
+import numpy as np
+from numba import njit
+
+MAX_SRC = 4
+MAX_DIMS = 4
+N_IP = 4
+N_FP = 2
+
+# node flags
+F_INPUT = 1 << 0
+F_PARAM = 1 << 1
+F_CONST = 1 << 2
+F_OUTPUT = 1 << 3
+F_LOSS = 1 << 4
+F_CHECKPOINT = 1 << 5
+F_GRAD = 1 << 6         # a node of a backward pass
+F_RECOMPUTED = 1 << 7   # a copy of a forward node rebuilt in backward
+F_INDEX = 1 << 8        # an input holding integer indices (embedding)
+F_SEGMENT = 1 << 9      # built inside jg.checkpoint(fn, ...): recompute in backward
+F_PARAM_GRAD = 1 << 10  # the final gradient of a param (kept, not overwritten)
+F_LEAF = F_INPUT | F_PARAM | F_CONST
+
+FLAG_NAMES = (
+    (F_INPUT, "input"), (F_PARAM, "param"), (F_CONST, "const"), (F_OUTPUT, "output"),
+    (F_LOSS, "loss"), (F_CHECKPOINT, "checkpoint"), (F_GRAD, "grad"),
+    (F_RECOMPUTED, "recomputed"), (F_INDEX, "index"), (F_SEGMENT, "segment"),
+    (F_PARAM_GRAD, "param_grad"),
+)
+
+FIELDS = ("op", "src", "ndim", "shape", "ip", "fp", "flags", "origin", "rule")
+
+# where a node's data lives at run time.  A program's run buffer is one array,
+# [arena | io]: the planned, reused arena (peak_bytes) followed by persistent
+# slots for inputs and param gradients; ARENA and IO offsets index the same
+# array, so kernels choose between two buffers only (run buffer or value store).
+LOC_ARENA = 0   # the planned, reused arena
+LOC_STORE = 1   # the graph's value store (params, consts)
+LOC_IO = 2      # persistent slots after the arena (inputs, param gradients)
+
+
+def flag_names(flags):
+    return [name for bit, name in FLAG_NAMES if flags & bit]
+
+
+class NodeTable:
+    """Growable struct-of-arrays node storage with fast single-row appends.
+
+    Appends from Python go through memoryviews (a numpy scalar store costs ~10x
+    more), which keeps graph building from Python near 1 microsecond per node.
+    """
+
+    def __init__(self, capacity=256):
+        self.n = 0
+        self._allocate(max(int(capacity), 16))
+
+    def _allocate(self, cap):
+        old = getattr(self, "op", None)
+        new = dict(
+            op=np.zeros(cap, np.int32),
+            src=np.full((cap, MAX_SRC), -1, np.int32),
+            ndim=np.zeros(cap, np.int32),
+            shape=np.ones((cap, MAX_DIMS), np.int64),
+            ip=np.zeros((cap, N_IP), np.int64),
+            fp=np.zeros((cap, N_FP), np.float64),
+            flags=np.zeros(cap, np.int32),
+            origin=np.full(cap, -1, np.int32),
+            rule=np.full(cap, -1, np.int32),
+        )
+        if old is not None:
+            for name, arr in new.items():
+                arr[: self.n] = getattr(self, name)[: self.n]
+        for name, arr in new.items():
+            setattr(self, name, arr)
+        self.capacity = cap
+        # flat memoryviews for cheap scalar stores from Python
+        self._m_op = memoryview(self.op)
+        self._m_src = memoryview(self.src.reshape(-1))
+        self._m_ndim = memoryview(self.ndim)
+        self._m_shape = memoryview(self.shape.reshape(-1))
+        self._m_ip = memoryview(self.ip.reshape(-1))
+        self._m_fp = memoryview(self.fp.reshape(-1))
+        self._m_flags = memoryview(self.flags)
+
+    def reserve(self, extra):
+        """Make room for ``extra`` more nodes (doubling)."""
+        need = self.n + int(extra)
+        if need > self.capacity:
+            cap = self.capacity
+            while cap < need:
+                cap *= 2
+            self._allocate(cap)
+
+    def arrays(self):
+        """The tuple G handed to jitted passes."""
+        return (self.op, self.src, self.ndim, self.shape, self.ip, self.fp,
+                self.flags, self.origin, self.rule)
+
+    def append(self, op, srcs, shape, ip=(), fp=(), flags=0):
+        """Append one node; ``shape`` is an unpadded tuple. Returns the node id."""
+        n = self.n
+        if n == self.capacity:
+            self._allocate(2 * n)
+        self._m_op[n] = op
+        k = n * MAX_SRC
+        m = self._m_src
+        for s in srcs:
+            m[k] = s
+            k += 1
+        nd = len(shape)
+        self._m_ndim[n] = nd
+        m = self._m_shape
+        k = n * MAX_DIMS + MAX_DIMS - nd
+        for d in shape:
+            m[k] = d
+            k += 1
+        if ip:
+            m = self._m_ip
+            k = n * N_IP
+            for v in ip:
+                m[k] = v
+                k += 1
+        if fp:
+            m = self._m_fp
+            k = n * N_FP
+            for v in fp:
+                m[k] = v
+                k += 1
+        if flags:
+            self._m_flags[n] = flags
+        self.n = n + 1
+        return n
+
+    def shape_of(self, n):
+        nd = int(self.ndim[n])
+        return tuple(int(d) for d in self.shape[n, MAX_DIMS - nd:])
+
+    def sources(self, n):
+        return [int(s) for s in self.src[n] if s >= 0]
+
+
+# ---- helpers for jitted passes -------------------------------------------------
+
+@njit(cache=True, inline="always")
+def numel(shape, n):
+    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
+
+
+@njit(cache=True)
+def emit(G, n, op, s0, s1, s2, s3, shape_like, flags, origin, rule):
+    """Append node ``n`` (the caller's count) in jitted code; shape copied from
+    node ``shape_like``.  Returns n + 1.  The caller guarantees capacity."""
+    opa, src, ndim, shape, ip, fp, fl, org, rl = G
+    opa[n] = op
+    src[n, 0] = s0
+    src[n, 1] = s1
+    src[n, 2] = s2
+    src[n, 3] = s3
+    ndim[n] = ndim[shape_like]
+    for d in range(MAX_DIMS):
+        shape[n, d] = shape[shape_like, d]
+    for k in range(N_IP):
+        ip[n, k] = 0
+    for k in range(N_FP):
+        fp[n, k] = 0.0
+    fl[n] = flags
+    org[n] = origin
+    rl[n] = rule
+    return n + 1

@@ -1,0 +1,185 @@
+"""Ops that move data without arithmetic: reshape (a view), transpose, concat,
+slice and pad (slice's gradient).  Axis parameters live in the padded 4-dim space.
+"""
+import numbers
+
+from numba import njit
+
+from ..errors import GraphError
+from ..graph import Tensor, check_shape
+from ..ir import MAX_DIMS, MAX_SRC
+from .common import KERNEL, graph_of, need_tensor, normalize_axis
+from ..registry import MEMORY, OTHER, VIEW, FREE, defop
+
+RESHAPE = defop("reshape", 1, VIEW, FREE, 0)
+TRANSPOSE = defop("transpose", 1, OTHER, MEMORY)
+CONCAT = defop("concat", -1, OTHER, MEMORY)
+SLICE = defop("slice", 1, OTHER, MEMORY)
+PAD = defop("pad", 1, OTHER, MEMORY)
+
+
+# ---- Python shape rules -----------------------------------------------------------
+def reshape(t, shape):
+    """Same data, new shape (one dim may be -1).  A view: no copy, no buffer."""
+    t = need_tensor(t, "reshape")
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    shape = tuple(shape)
+    size = t.size
+    if sum(1 for d in shape if d == -1) > 1:
+        raise GraphError(f"reshape of {t.label!r}: at most one dimension may be -1, got {shape}")
+    if -1 in shape:
+        known = 1
+        for d in shape:
+            if d != -1:
+                known *= d
+        if known <= 0 or size % known:
+            raise GraphError(f"reshape of {t.label!r}: cannot reshape {t.shape} (size {size}) to {shape}")
+        shape = tuple(size // known if d == -1 else d for d in shape)
+    shape = check_shape(shape, f"reshape of {t.label!r}")
+    new_size = 1
+    for d in shape:
+        new_size *= d
+    if new_size != size:
+        raise GraphError(f"reshape of {t.label!r}: cannot reshape {t.shape} (size {size}) to {shape} (size {new_size})")
+    if shape == t.shape:
+        return t
+    return t.graph._node(RESHAPE, (t.id,), shape)
+
+
+def transpose(t, axes=None):
+    """Permute axes (default: reverse them), as numpy.transpose."""
+    t = need_tensor(t, "transpose")
+    nd = t.ndim
+    if axes is None:
+        axes = tuple(range(nd - 1, -1, -1))
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise GraphError(f"transpose of {t.label!r}: axes must be a sequence of ints, got {axes!r}") from None
+    norm = tuple(normalize_axis(a, nd, f"transpose of {t.label!r}") for a in axes)
+    if len(norm) != nd or sorted(norm) != list(range(nd)):
+        raise GraphError(f"transpose of {t.label!r}: axes {axes} are not a permutation of {nd} axes")
+    shape = tuple(t.shape[a] for a in norm)
+    if norm == tuple(range(nd)):
+        return t
+    moved = [a for a in norm if t.shape[a] != 1]
+    if moved == sorted(moved):            # only size-1 axes move: same memory order
+        return reshape(t, shape)
+    off = MAX_DIMS - nd
+    perm = tuple(range(off)) + tuple(a + off for a in norm)
+    return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)
+
+
+def concat(tensors, axis=0):
+    """Join tensors of equal shape but along ``axis``."""
+    if isinstance(tensors, Tensor) or not hasattr(tensors, "__iter__"):
+        raise GraphError("concat: expects a list of tensors")
+    ts = list(tensors)
+    if not ts:
+        raise GraphError("concat: needs at least one tensor")
+    g = graph_of("concat", *ts)
+    for t in ts:
+        need_tensor(t, "concat")
+    first = ts[0]
+    nd = first.ndim
+    if nd == 0:
+        raise GraphError(f"concat: {first.label!r} is a scalar; concat needs at least 1 dim")
+    ax = normalize_axis(axis, nd, "concat")
+    for t in ts[1:]:
+        if t.ndim != nd or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != ax):
+            raise GraphError(f"concat along axis {ax}: {t.label!r} {t.shape} does not match "
+                             f"{first.label!r} {first.shape} off that axis")
+    while len(ts) > 1:               # balanced tree of nodes with up to MAX_SRC sources
+        ts = [_concat_node(g, ts[i:i + MAX_SRC], ax) for i in range(0, len(ts), MAX_SRC)]
+    return ts[0]
+
+
+def _concat_node(g, ts, ax):
+    if len(ts) == 1:
+        return ts[0]
+    shape = list(ts[0].shape)
+    shape[ax] = sum(t.shape[ax] for t in ts)
+    return g._node(CONCAT, tuple(t.id for t in ts), tuple(shape), ip=(ax + MAX_DIMS - ts[0].ndim,))
+
+
+def slice_axis(t, axis, start, stop):
+    """Elements start:stop (step 1) along ``axis``."""
+    t = need_tensor(t, "slice")
+    ax = normalize_axis(axis, t.ndim, f"slice of {t.label!r}") if t.ndim else None
+    if ax is None:
+        raise GraphError(f"slice of {t.label!r}: a scalar has no axis to slice")
+    n = t.shape[ax]
+    if not (isinstance(start, numbers.Integral) and isinstance(stop, numbers.Integral)):
+        raise GraphError(f"slice of {t.label!r}: start and stop must be ints")
+    start, stop = int(start), int(stop)
+    if start < 0:
+        start += n
+    if stop < 0:
+        stop += n
+    if not 0 <= start < stop <= n:
+        raise GraphError(f"slice of {t.label!r}: [{start}:{stop}] is empty or outside axis {ax} of size {n}")
+    if stop - start == n:
+        return t
+    shape = list(t.shape)
+    shape[ax] = stop - start
+    return t.graph._node(SLICE, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, start))
+
+
+def pad_axis(t, axis, before, after):
+    """Zeros added before and after ``t`` along ``axis`` (slice's adjoint)."""
+    t = need_tensor(t, "pad")
+    if t.ndim == 0:
+        raise GraphError(f"pad of {t.label!r}: a scalar has no axis to pad")
+    ax = normalize_axis(axis, t.ndim, f"pad of {t.label!r}")
+    if not (isinstance(before, numbers.Integral) and isinstance(after, numbers.Integral)) or before < 0 or after < 0:
+        raise GraphError(f"pad of {t.label!r}: before and after must be ints >= 0")
+    if before == 0 and after == 0:
+        return t
+    shape = list(t.shape)
+    shape[ax] += int(before) + int(after)
+    return t.graph._node(PAD, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, int(before)))
+
+
+# ---- kernels ------------------------------------------------------------------------
+@njit(**KERNEL)
+def transpose_kernel(out, x, sx, perm):
+    c = (sx[1] * sx[2] * sx[3], sx[2] * sx[3], sx[3], 1)
+    s0 = c[perm[0]]
+    s1 = c[perm[1]]
+    s2 = c[perm[2]]
+    s3 = c[perm[3]]
+    n0 = sx[perm[0]]
+    n1 = sx[perm[1]]
+    n2 = sx[perm[2]]
+    n3 = sx[perm[3]]
+    o = 0
+    for i0 in range(n0):
+        for i1 in range(n1):
+            for i2 in range(n2):
+                base = i0 * s0 + i1 * s1 + i2 * s2
+                for i3 in range(n3):
+                    out[o + i3] = x[base + i3 * s3]
+                o += n3
+
+
+@njit(**KERNEL)
+def outer_inner(s, axis):
+    """Products of the padded dims before and after ``axis``."""
+    outer = 1
+    for d in range(axis):
+        outer *= s[d]
+    inner = 1
+    for d in range(axis + 1, 4):
+        inner *= s[d]
+    return outer, inner
+
+
+@njit(**KERNEL)
+def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
+    """dst[o*dst_stride + dst_off + j] = src[o*src_stride + src_off + j]."""
+    for o in range(outer):
+        d = o * dst_stride + dst_off
+        s = o * src_stride + src_off
+        for j in range(run):
+            dst[d + j] = src[s + j]

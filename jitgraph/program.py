@@ -1,0 +1,222 @@
+"""Compiled programs: an execution order plus a memory plan, runnable with feeds.
+
+``build_forward(outputs)`` returns a ForwardGraph; the backward and checkpoint
+passes return BackwardGraph (a Program whose order also holds gradient nodes).
+"""
+import numpy as np
+
+from .errors import GraphError
+from .graph import Graph, Tensor, as_numeric_array
+from .interpreter import ERR_UNKNOWN_OP, run_nodes
+from .ir import F_INDEX, F_INPUT, F_OUTPUT, LOC_STORE, flag_names
+from .ops.nn import ERR_INDEX
+from .registry import OPS
+from .order import topo_order
+from .plan import plan_memory
+
+
+def _output_list(outputs, what):
+    if isinstance(outputs, Tensor):
+        return [outputs], True
+    try:
+        outs = list(outputs)
+    except TypeError:
+        raise GraphError(f"{what}: expects a Tensor or a list of Tensors, got {type(outputs).__name__}") from None
+    if not outs:
+        raise GraphError(f"{what}: needs at least one output tensor")
+    for t in outs:
+        if not isinstance(t, Tensor):
+            raise GraphError(f"{what}: outputs must be Tensors, got {type(t).__name__}")
+        if t.graph is not outs[0].graph:
+            raise GraphError(f"{what}: {outs[0].label!r} and {t.label!r} belong to different graphs")
+    return outs, False
+
+
+def execution_order(graph, roots, what):
+    status, order = topo_order(graph.nodes.src, graph.nodes.n, np.asarray(roots, np.int32))
+    if status:
+        raise GraphError(f"{what}: node id {int(order[0])} is not a node of this graph")
+    return order
+
+
+class Program:
+    """An execution order over a graph's nodes with a memory plan."""
+
+    def __init__(self, graph, order, outputs, single):
+        self.graph = graph
+        self.order = order
+        self.outputs = outputs            # Tensors returned by run()
+        self._single = single
+        nodes = graph.nodes
+        self.loc, self.off, arena_elems, io_elems = plan_memory(nodes.arrays(), nodes.n, order)
+        self.arena_elems = int(arena_elems)
+        self.io_elems = int(io_elems)
+        self._mem = None          # run buffer [arena | io], allocated by the first run
+        in_order = (nodes.flags[order] & F_INPUT) != 0
+        self.inputs = [int(i) for i in order[in_order]]
+        self._input_set = set(self.inputs)
+
+    # ---- sizes --------------------------------------------------------------------
+    @property
+    def itemsize(self):
+        return self.graph.dtype.itemsize
+
+    @property
+    def peak_bytes(self):
+        """Bytes of the arena that run() allocates: the plan's high-water mark."""
+        return self.arena_elems * self.itemsize
+
+    @property
+    def persistent_bytes(self):
+        """Inputs (io buffer) plus the params and consts this program reads."""
+        nodes = self.graph.nodes
+        leaf = self.order[self.loc[self.order] == LOC_STORE]
+        sizes = nodes.shape[leaf].prod(axis=1)
+        return int(self.io_elems + sizes.sum()) * self.itemsize
+
+    def stats(self):
+        return {
+            "n_nodes": int(self.order.size),
+            "n_forward": int(self.order.size),
+            "n_backward": 0,
+            "peak_bytes": self.peak_bytes,
+            "persistent_bytes": self.persistent_bytes,
+        }
+
+    # ---- running ------------------------------------------------------------------------
+    def _resolve_feed_key(self, key):
+        g = self.graph
+        if isinstance(key, Tensor):
+            if key.graph is not g:
+                raise GraphError(f"feed for {key.label!r}: the tensor belongs to a different graph")
+            return key.id
+        if isinstance(key, str):
+            return g.tensor(key).id
+        raise GraphError(f"feed key {key!r} must be a Tensor or a tensor name")
+
+    def _bind(self, feeds):
+        g = self.graph
+        if feeds is None:
+            feeds = {}
+        if not hasattr(feeds, "items"):
+            raise GraphError(f"feeds must be a dict {{tensor: array}}, got {type(feeds).__name__}")
+        given = {}
+        for key, value in feeds.items():
+            n = self._resolve_feed_key(key)
+            if n not in self._input_set:
+                what = "an input this program does not read" if g.nodes.flags[n] & F_INPUT else \
+                    f"not an input (it is a {OPS[int(g.nodes.op[n])].name} node)"
+                raise GraphError(f"feed for {g.label(n)!r}: {what}")
+            given[n] = value
+        for n in self.inputs:
+            if n not in given:
+                raise GraphError(f"missing feed for input {g.label(n)!r} of shape {g.shape_of(n)}")
+            self._write_input(n, given[n])
+
+    def _write_input(self, n, value):
+        g = self.graph
+        label = g.label(n)
+        arr = as_numeric_array(value, f"feed for {label!r}")
+        shape = g.shape_of(n)
+        if arr.shape != shape:
+            raise GraphError(f"feed for {label!r}: shape {arr.shape} does not match the input's shape {shape}")
+        if g.nodes.flags[n] & F_INDEX:
+            if arr.dtype.kind not in "iu":
+                raise GraphError(f"feed for index input {label!r}: dtype must be an integer type, got {arr.dtype}")
+        elif not np.can_cast(arr.dtype, g.dtype, "same_kind"):
+            raise GraphError(f"feed for {label!r}: dtype {arr.dtype} cannot be cast to the graph's {g.dtype}")
+        o = int(self.off[n])
+        self.mem[o:o + arr.size] = arr.reshape(-1)
+
+    @property
+    def mem(self):
+        """The run buffer: the arena (peak_bytes) followed by the io slots."""
+        if self._mem is None:
+            self._mem = np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
+        return self._mem
+
+    def _execute(self, feeds):
+        self._bind(feeds)
+        g = self.graph
+        status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store)
+        if status:
+            raise self._run_error(int(status), int(node), int(detail))
+
+    def _run_error(self, status, node, detail):
+        g = self.graph
+        label = g.label(node)
+        if status == ERR_INDEX:
+            idx = int(g.nodes.src[node, 1])
+            value = self.value_of(idx).reshape(-1)[detail]
+            rows = int(g.nodes.shape[node, 2] if OPS[int(g.nodes.op[node])].name == "scatter_add"
+                       else g.nodes.shape[int(g.nodes.src[node, 0]), 2])
+            return GraphError(f"{OPS[int(g.nodes.op[node])].name} {label!r}: index {value:g} at position "
+                              f"{detail} of {g.label(idx)!r} is not an integer in [0, {rows})")
+        if status == ERR_UNKNOWN_OP:
+            return GraphError(f"node {label!r} has unknown opcode {detail}")
+        return GraphError(f"run failed at node {label!r} (status {status})")
+
+    def value_of(self, n):
+        """The data of node n after a run (a copy, shaped)."""
+        g = self.graph
+        size = int(np.prod(g.shape_of(n), dtype=np.int64))
+        o = int(self.off[n])
+        k = int(self.loc[n])
+        buf = g.store if k == LOC_STORE else self.mem
+        return buf[o:o + size].reshape(g.shape_of(n)).copy()
+
+    def run(self, feeds=None):
+        """Run with ``feeds`` ({input tensor or name: array}); returns the outputs as numpy arrays."""
+        self._execute(feeds)
+        vals = [self.value_of(t.id) for t in self.outputs]
+        return vals[0] if self._single else vals
+
+    # ---- looking at it ---------------------------------------------------------------------
+    def nodes(self):
+        """One dict per node in execution order: id, name, op, shape, bytes, sources, flags, location."""
+        g = self.graph
+        nodes = g.nodes
+        rows = []
+        for n in self.order.tolist():
+            shape = g.shape_of(n)
+            size = int(np.prod(shape, dtype=np.int64))
+            rows.append({
+                "id": n, "name": g.names.get(n, ""), "op": OPS[int(nodes.op[n])].name, "shape": shape,
+                "bytes": size * self.itemsize, "sources": nodes.sources(n),
+                "flags": flag_names(int(nodes.flags[n])),
+                "loc": ("arena", "store", "io")[int(self.loc[n])], "offset": int(self.off[n]) * self.itemsize,
+            })
+        return rows
+
+    def format_table(self, limit=50):
+        rows = self.nodes()
+        head = f"{'id':>5}  {'name':<10} {'op':<13} {'shape':<16} {'bytes':>9}  {'sources':<14} {'where':<14} flags"
+        lines = [head, "-" * len(head)]
+        for r in rows[:limit]:
+            where = f"{r['loc']}@{r['offset']}"
+            lines.append(f"{r['id']:>5}  {r['name'][:10]:<10} {r['op']:<13} {str(r['shape']):<16} {r['bytes']:>9}  "
+                         f"{','.join(map(str, r['sources'])):<14} {where:<14} {','.join(r['flags'])}")
+        if len(rows) > limit:
+            lines.append(f"... {len(rows) - limit} more nodes")
+        return "\n".join(lines)
+
+
+class ForwardGraph(Program):
+    """The nodes that ``outputs`` need, in execution order, with a memory plan."""
+
+    def __repr__(self):
+        outs = ", ".join(repr(t.label) for t in self.outputs)
+        return f"<ForwardGraph {self.order.size} nodes -> {outs}, peak {self.peak_bytes} B>"
+
+
+def build_forward(outputs):
+    """Topologically order everything ``outputs`` (a Tensor or list) depend on."""
+    outs, single = _output_list(outputs, "build_forward")
+    g = outs[0].graph
+    order = execution_order(g, [t.id for t in outs], "build_forward")
+    for t in outs:
+        g.nodes.flags[t.id] |= F_OUTPUT
+    return ForwardGraph(g, order, outs, single)
+
+
+__all__ = ["Graph", "ForwardGraph", "Program", "build_forward"]

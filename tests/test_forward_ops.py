@@ -1,0 +1,350 @@
+"""Every forward op against a naive numpy reference: random shapes, broadcasting,
+edge shapes (size-1 dims, scalars, 4-D), float32 and float64."""
+import math
+
+import numpy as np
+import pytest
+from scipy.special import erf
+
+import jitgraph as jg
+
+from .conftest import tol
+from .helpers import rand, run_fn
+
+
+def random_shape(rng, ndim, high=5):
+    return tuple(int(d) for d in rng.integers(1, high + 1, size=ndim))
+
+
+def broadcast_pair(rng):
+    """Two shapes that broadcast: random ndim 0..4, some dims set to 1 or dropped."""
+    nd = int(rng.integers(0, 5))
+    out = random_shape(rng, nd)
+    a = [d if rng.random() > 0.3 else 1 for d in out]
+    b = [d if rng.random() > 0.3 else 1 for d in out]
+    a = tuple(a[int(rng.integers(0, nd + 1)):]) if nd else ()
+    b = tuple(b[int(rng.integers(0, nd + 1)):]) if nd else ()
+    return a, b
+
+
+BINARY = {
+    "add": (lambda a, b: a + b, np.add),
+    "sub": (lambda a, b: a - b, np.subtract),
+    "mul": (lambda a, b: a * b, np.multiply),
+    "div": (lambda a, b: a / b, np.divide),
+}
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+@pytest.mark.parametrize("seed", range(12))
+def test_binary_broadcasting(name, seed, dtype):
+    rng = np.random.default_rng(seed)
+    sa, sb = broadcast_pair(rng)
+    a = rand(rng, sa, dtype)
+    b = rand(rng, sb, dtype, 0.5, 2.0)        # keep divisors away from 0
+    f, ref = BINARY[name]
+    got = run_fn(f, [a, b], dtype)
+    want = ref(a, b)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **tol(dtype))
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_with_python_scalars_and_arrays(name, dtype):
+    rng = np.random.default_rng(1)
+    a = rand(rng, (3, 4), dtype, 0.5, 2)
+    c = rand(rng, (4,), dtype, 0.5, 2)
+    f, ref = BINARY[name]
+    np.testing.assert_allclose(run_fn(lambda t: f(t, 2.5), [a], dtype), ref(a, 2.5), **tol(dtype))
+    np.testing.assert_allclose(run_fn(lambda t: f(2.5, t), [a], dtype), ref(2.5, a), **tol(dtype))
+    np.testing.assert_allclose(run_fn(lambda t: f(t, c), [a], dtype), ref(a, c), **tol(dtype))
+    np.testing.assert_allclose(run_fn(lambda t: f(c, t), [a], dtype), ref(c, a), **tol(dtype))
+
+
+def test_operators_build_the_right_ops(dtype):
+    rng = np.random.default_rng(2)
+    a, b = rand(rng, (2, 3), dtype, 0.5, 2), rand(rng, (3,), dtype, 0.5, 2)
+    got = run_fn(lambda x, y: -(x + y) * (x - y) / y, [a, b], dtype)
+    np.testing.assert_allclose(got, -(a + b) * (a - b) / b, **tol(dtype))
+    got = run_fn(lambda x, y: 1.0 - x / 4 + 3 * y - abs(x), [a, b], dtype)
+    np.testing.assert_allclose(got, 1.0 - a / 4 + 3 * b - np.abs(a), **tol(dtype))
+
+
+def gelu_ref(x):
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def sigmoid_ref(x):
+    return 1 / (1 + np.exp(-x))
+
+
+UNARY = {
+    "neg": (jg.neg, np.negative, (-3, 3)),
+    "sqr": (jg.sqr, np.square, (-3, 3)),
+    "sqrt": (jg.sqrt, np.sqrt, (0.01, 4)),
+    "exp": (jg.exp, np.exp, (-5, 5)),
+    "log": (jg.log, np.log, (0.01, 5)),
+    "abs": (jg.abs, np.abs, (-3, 3)),
+    "relu": (jg.relu, lambda x: np.maximum(x, 0), (-3, 3)),
+    "gelu": (jg.gelu, gelu_ref, (-4, 4)),
+    "silu": (jg.silu, lambda x: x * sigmoid_ref(x), (-8, 8)),
+    "tanh": (jg.tanh, np.tanh, (-4, 4)),
+    "sigmoid": (jg.sigmoid, sigmoid_ref, (-30, 30)),
+    "scale": (lambda t: jg.scale(t, -1.75), lambda x: -1.75 * x, (-3, 3)),
+    "copy": (jg.copy, lambda x: x.copy(), (-3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 1), (2, 3, 4), (2, 1, 3, 5), (33, 17)])
+def test_unary(name, shape, dtype):
+    fn, ref, (lo, hi) = UNARY[name]
+    x = rand(np.random.default_rng(len(shape)), shape, dtype, lo, hi)
+    got = run_fn(fn, [x], dtype)
+    assert got.shape == x.shape and got.dtype == dtype
+    np.testing.assert_allclose(got, ref(x.astype(np.float64)).astype(dtype), **tol(dtype))
+
+
+def test_unary_special_values():
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -1.0])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(run_fn(jg.relu, [x]), np.maximum(x, 0))
+        np.testing.assert_array_equal(run_fn(jg.sqrt, [x]), np.sqrt(x))
+        np.testing.assert_array_equal(run_fn(jg.log, [x]), np.log(x))
+        np.testing.assert_array_equal(run_fn(jg.exp, [x]), np.exp(x))
+        np.testing.assert_array_equal(run_fn(jg.abs, [x]), np.abs(x))
+        np.testing.assert_array_equal(run_fn(lambda t: t / jg.scale(t, 0.0), [x]), x / (x * 0.0))
+    s = run_fn(jg.sigmoid, [np.array([-1000.0, 1000.0])])
+    np.testing.assert_array_equal(s, [0.0, 1.0])
+
+
+AXES = [None, 0, -1, (0, 1), (1,), (0, 2), (-1, -3)]
+
+
+@pytest.mark.parametrize("name,ref", [("sum", np.sum), ("mean", np.mean), ("max", np.max)])
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions_3d(name, ref, axis, keepdims, dtype):
+    x = rand(np.random.default_rng(3), (4, 3, 5), dtype)
+    fn = getattr(jg, name)
+    got = run_fn(lambda t: fn(t, axis=axis, keepdims=keepdims), [x], dtype)
+    want = ref(x.astype(np.float64), axis=axis, keepdims=keepdims)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **tol(dtype))
+
+
+@pytest.mark.parametrize("name,ref", [("sum", np.sum), ("mean", np.mean), ("max", np.max)])
+@pytest.mark.parametrize("shape,axis", [((), None), ((1,), 0), ((6,), None), ((2, 1, 3, 4), (1, 3)),
+                                        ((2, 3, 4, 5), (0, 3)), ((2, 3, 4, 5), (1, 2)), ((5, 1), 1),
+                                        ((3, 4, 5, 2), None), ((1000,), 0)])
+def test_reductions_edge_shapes(name, ref, shape, axis, dtype):
+    x = rand(np.random.default_rng(4), shape, dtype)
+    got = run_fn(lambda t: getattr(jg, name)(t, axis=axis), [x], dtype)
+    np.testing.assert_allclose(got, ref(x.astype(np.float64), axis=axis), **tol(dtype))
+
+
+def test_max_propagates_nan_like_numpy():
+    x = np.array([[1.0, np.nan, 3.0], [2.0, 5.0, -1.0]])
+    got = run_fn(lambda t: jg.max(t, axis=1), [x])
+    np.testing.assert_array_equal(got, np.max(x, axis=1))
+
+
+def test_sum_is_accurate_on_long_float32_rows():
+    x = np.full(1_000_000, 0.1, np.float32)
+    got = run_fn(jg.sum, [x], np.float32)
+    assert abs(float(got) - 0.1 * 1e6) / 1e5 < 1e-6 * 1e6 / 1e5 + 1e-6   # float64 accumulation
+
+
+@pytest.mark.parametrize("src,dst", [((2, 3), (3, 2)), ((3,), (4, 3)), ((1, 4), (5, 4)), ((2, 1, 3), (2, 4, 3)),
+                                     ((), (2, 2)), ((4, 1), (2, 4, 6))])
+def test_broadcast_to(src, dst, dtype):
+    if src == (2, 3):
+        with pytest.raises(jg.GraphError, match="cannot broadcast"):
+            run_fn(lambda t: jg.broadcast_to(t, dst), [np.zeros(src)], dtype)
+        return
+    x = rand(np.random.default_rng(5), src, dtype)
+    np.testing.assert_array_equal(run_fn(lambda t: jg.broadcast_to(t, dst), [x], dtype), np.broadcast_to(x, dst))
+
+
+MATMUL_SHAPES = [
+    ((3, 4), (4, 5)), ((1, 4), (4, 1)), ((4,), (4, 3)), ((3, 4), (4,)), ((4,), (4,)),
+    ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((2, 3, 4), (2, 4, 6)),
+    ((1, 3, 4), (2, 4, 2)), ((64, 32), (32, 16)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES)
+def test_matmul(sa, sb, dtype):
+    rng = np.random.default_rng(6)
+    a, b = rand(rng, sa, dtype), rand(rng, sb, dtype)
+    got = run_fn(lambda x, y: x @ y, [a, b], dtype)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-4 if dtype == np.float32 else 1e-12)
+
+
+def test_matmul_with_param_operands(dtype):
+    rng = np.random.default_rng(7)
+    a, b = rand(rng, (5, 3), dtype), rand(rng, (3, 2), dtype)
+    got = run_fn(lambda x, y: jg.matmul(x, y), [a, b], dtype, params=True)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,new", [((2, 3, 4), (6, 4)), ((2, 3, 4), (-1,)), ((6,), (1, 6, 1)), ((), (1, 1)),
+                                       ((4, 1), (4,)), ((2, 3, 4, 5), (5, -1, 2))])
+def test_reshape(shape, new, dtype):
+    x = rand(np.random.default_rng(8), shape, dtype)
+    got = run_fn(lambda t: jg.relu(jg.reshape(t, new)) + 0.0, [x], dtype)
+    np.testing.assert_array_equal(got, np.maximum(x.reshape(new), 0))
+
+
+@pytest.mark.parametrize("shape,axes", [((2, 3), None), ((2, 3, 4), (1, 0, 2)), ((2, 3, 4), (2, 0, 1)),
+                                        ((2, 3, 4, 5), (3, 1, 0, 2)), ((1, 3, 1), (2, 1, 0)), ((5,), None),
+                                        ((2, 3, 4, 5), (0, 1, 3, 2)), ((3, 1, 4), (1, 0, 2))])
+def test_transpose(shape, axes, dtype):
+    x = rand(np.random.default_rng(9), shape, dtype)
+    got = run_fn(lambda t: jg.transpose(t, axes) * 1.0, [x], dtype)
+    np.testing.assert_array_equal(got, np.transpose(x, axes))
+
+
+def test_transpose_of_size_one_axes_is_a_view():
+    g = jg.Graph()
+    x = g.input((3, 1, 4))
+    assert jg.transpose(x, (1, 0, 2)).op == "reshape"
+    assert jg.transpose(x, (2, 1, 0)).op == "transpose"
+    assert x.T.shape == (4, 1, 3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat(n, axis, dtype):
+    rng = np.random.default_rng(10 + n)
+    arrays = []
+    for i in range(n):
+        shape = [2, 3, 4]
+        shape[axis] = int(rng.integers(1, 4))
+        arrays.append(rand(rng, tuple(shape), dtype))
+    got = run_fn(lambda *ts: jg.concat(list(ts), axis=axis), arrays, dtype)
+    np.testing.assert_array_equal(got, np.concatenate(arrays, axis=axis))
+
+
+def test_slice_and_pad(dtype):
+    x = rand(np.random.default_rng(11), (3, 5, 2), dtype)
+    np.testing.assert_array_equal(run_fn(lambda t: jg.slice_axis(t, 1, 1, 4), [x], dtype), x[:, 1:4])
+    np.testing.assert_array_equal(run_fn(lambda t: jg.slice_axis(t, 0, -2, 3), [x], dtype), x[1:3])
+    np.testing.assert_array_equal(run_fn(lambda t: jg.pad_axis(t, 2, 1, 3), [x], dtype),
+                                  np.pad(x, [(0, 0), (0, 0), (1, 3)]))
+
+
+def softmax_ref(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.parametrize("shape,axis", [((5,), -1), ((3, 7), -1), ((3, 7), 0), ((2, 3, 4), 1), ((2, 3, 4, 5), 2),
+                                        ((1, 1), -1), ((4, 1000), -1)])
+def test_softmax_and_log_softmax(shape, axis, dtype):
+    x = rand(np.random.default_rng(12), shape, dtype, -10, 10)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(run_fn(lambda t: jg.softmax(t, axis), [x], dtype), softmax_ref(x64, axis), **tol(dtype))
+    np.testing.assert_allclose(run_fn(lambda t: jg.log_softmax(t, axis), [x], dtype),
+                               np.log(softmax_ref(x64, axis)), **tol(dtype))
+
+
+def test_softmax_is_stable_for_large_logits():
+    x = np.array([[1000.0, 1001.0, 999.0], [-1e4, 0.0, 1e4]])
+    got = run_fn(jg.softmax, [x])
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, softmax_ref(x, -1))
+
+
+@pytest.mark.parametrize("shape", [(4, 10), (7,), (2, 3, 5), (1, 1)])
+def test_cross_entropy(shape, dtype):
+    rng = np.random.default_rng(13)
+    logits = rand(rng, shape, dtype, -5, 5)
+    t = rng.random(shape)
+    t = (t / t.sum(axis=-1, keepdims=True)).astype(dtype)
+    got = run_fn(jg.cross_entropy, [logits, t], dtype)
+    l64 = logits.astype(np.float64)
+    lsm = np.log(softmax_ref(l64, -1))
+    want = -(t * lsm).sum(axis=-1).mean()
+    assert got.shape == ()
+    np.testing.assert_allclose(got, want, **tol(dtype))
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (7,), (2, 3, 5), (2, 2, 2, 9), (3, 1)])
+def test_layer_norm_and_rms_norm(shape, dtype):
+    x = rand(np.random.default_rng(14), shape, dtype, -3, 3)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    var = ((x64 - mu) ** 2).mean(-1, keepdims=True)
+    np.testing.assert_allclose(run_fn(lambda t: jg.layer_norm(t, 1e-5), [x], dtype),
+                               (x64 - mu) / np.sqrt(var + 1e-5), **tol(dtype))
+    ms = (x64 ** 2).mean(-1, keepdims=True)
+    np.testing.assert_allclose(run_fn(lambda t: jg.rms_norm(t, 1e-6), [x], dtype),
+                               x64 / np.sqrt(ms + 1e-6), **tol(dtype))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_keeps_or_scales(p, dtype):
+    x = rand(np.random.default_rng(15), (200, 50), dtype, 0.5, 2)
+    got = run_fn(lambda t: jg.dropout(t, p, seed=3), [x], dtype)
+    kept = got != 0
+    np.testing.assert_allclose(got[kept], (x / (1 - p))[kept], **tol(dtype))
+    frac = kept.mean()
+    n = x.size
+    assert abs(frac - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_dropout_zero_p_is_identity():
+    g = jg.Graph()
+    x = g.input((3,))
+    assert jg.dropout(x, 0.0) is x
+
+
+@pytest.mark.parametrize("idx_shape", [(5,), (2, 3), (1,), (2, 2, 2)])
+def test_embedding(idx_shape, dtype):
+    rng = np.random.default_rng(16)
+    table = rand(rng, (7, 4), dtype)
+    idx = rng.integers(0, 7, size=idx_shape)
+    g = jg.Graph(dtype)
+    T = g.param(table, name="T")
+    i = g.input(idx_shape, name="i", dtype=np.int64)
+    out = jg.build_forward(jg.embedding(T, i)).run({i: idx})
+    np.testing.assert_array_equal(out, table[idx])
+    out2 = jg.build_forward(jg.embedding(T, idx)).run()     # a constant index array
+    np.testing.assert_array_equal(out2, table[idx])
+
+
+def test_scalar_graph_and_4d_chain(dtype):
+    rng = np.random.default_rng(17)
+    x = rand(rng, (2, 3, 4, 5), dtype)
+    s = rand(rng, (), dtype)
+    got = run_fn(lambda a, b: jg.sum(jg.tanh(a * b + 1.0), axis=(1, 3)) / 2.0, [x, s], dtype)
+    want = np.tanh(x.astype(np.float64) * s + 1.0).sum(axis=(1, 3)) / 2.0
+    np.testing.assert_allclose(got, want, **tol(dtype))
+
+
+def test_multiple_outputs_and_leaf_output(dtype):
+    g = jg.Graph(dtype)
+    x = g.input((3,), name="x")
+    W = g.param(np.arange(3.0), name="W")
+    y = x * W
+    fwd = jg.build_forward([y, jg.sum(y), W])
+    xb = np.array([1.0, 2.0, 3.0])
+    a, b, c = fwd.run({x: xb})
+    np.testing.assert_allclose(a, xb * np.arange(3.0))
+    np.testing.assert_allclose(b, (xb * np.arange(3.0)).sum())
+    np.testing.assert_array_equal(c, np.arange(3.0))
+
+
+def test_results_are_fresh_copies_and_params_are_read_at_run_time():
+    g = jg.Graph(np.float64)
+    x = g.input((2,), name="x")
+    W = g.param(np.ones(2), name="W")
+    fwd = jg.build_forward(x * W)
+    r1 = fwd.run({x: [1.0, 2.0]})
+    W.value = np.array([3.0, 4.0])
+    r2 = fwd.run({x: [1.0, 2.0]})
+    np.testing.assert_array_equal(r1, [1.0, 2.0])
+    np.testing.assert_array_equal(r2, [3.0, 8.0])
