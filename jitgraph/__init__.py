@@ -1,17 +1,18 @@
 """jitgraph: computation graphs compiled with Numba -- build, run, differentiate,
 checkpoint.  See README.md for a tour."""
 from .errors import GraphError
+from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor
 from .ops import (abs_ as abs, add, broadcast_to, concat, copy, cross_entropy, div, dropout,
                   embedding, exp, gelu, layer_norm, log, log_softmax, matmul, max_ as max, mean,
                   mul, neg, pad_axis, relu, reshape, rms_norm, scale, sigmoid, silu, slice_axis,
                   softmax, sqr, sqrt, sub, sum_ as sum, tanh, transpose)
-from .program import ForwardGraph, build_forward
+from .program import BackwardGraph, ForwardGraph, build_backward, build_forward, grad
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GraphError", "Graph", "Tensor", "ForwardGraph", "build_forward",
+    "GraphError", "Graph", "Tensor", "check_grads", "GradCheckResult", "GradientCheckError", "ForwardGraph", "BackwardGraph", "build_forward", "build_backward", "grad",
     "abs", "add", "broadcast_to", "concat", "copy", "cross_entropy", "div", "dropout",
     "embedding", "exp", "gelu", "layer_norm", "log", "log_softmax", "matmul", "max", "mean",
     "mul", "neg", "pad_axis", "relu", "reshape", "rms_norm", "scale", "sigmoid", "silu",

@@ -69,30 +69,27 @@ class Graph:
     def __init__(self, dtype=np.float32, capacity=256):
         self.dtype = _check_dtype(dtype)
         self.nodes = NodeTable(capacity)
-        self.shapes = []          # unpadded shape tuple per node built from Python
+        self.shapes = {}          # node id -> unpadded shape tuple (cache; jitted passes skip it)
         self.names = {}           # node id -> name
         self._ids_by_name = {}
-        self.store = np.zeros(1024, self.dtype)   # values of params and consts
-        self.store_used = 0
+        self._store = np.zeros(0, self.dtype)  # values of params and consts, packed
+        self._packed = 0                         # elements of _store in use
+        self._pending = []                       # values added since the last packing
+        self.store_used = 0                      # elements of the store, pending included
         self.params = []          # param node ids, in creation order
         self.grads = {}           # param id -> last gradient (numpy), set by backward runs
 
     # ---- nodes -----------------------------------------------------------------
     def _node(self, op, srcs, shape, ip=(), fp=(), flags=0):
         n = self.nodes.append(op, srcs, shape, ip, fp, flags)
-        self.shapes.append(shape)
-        return Tensor(self, n)
+        self.shapes[n] = shape
+        return Tensor(self, n, shape)
 
     def shape_of(self, n):
-        if n < len(self.shapes):
-            return self.shapes[n]
-        return self.nodes.shape_of(n)   # appended by a jitted pass
-
-    def sync_shapes(self):
-        """Extend the Python shape cache over nodes appended by jitted passes."""
-        t = self.nodes
-        if len(self.shapes) < t.n:
-            self.shapes.extend(t.shape_of(i) for i in range(len(self.shapes), t.n))
+        s = self.shapes.get(n)
+        if s is None:                    # appended by a jitted pass
+            s = self.shapes[n] = self.nodes.shape_of(n)
+        return s
 
     def label(self, n):
         """How messages and pictures name node n: its name, else op#id."""
@@ -133,26 +130,39 @@ class Graph:
         return f"Graph({self.nodes.n} nodes, dtype={self.dtype.name})"
 
     # ---- leaves ----------------------------------------------------------------
-    def _store_alloc(self, size):
-        off = -(-self.store_used // _ALIGN) * _ALIGN
-        end = off + size
-        if end > self.store.size:
-            cap = self.store.size
-            while cap < end:
-                cap *= 2
-            new = np.zeros(cap, self.dtype)
-            new[: self.store_used] = self.store[: self.store_used]
-            self.store = new
-        self.store_used = end
+    @property
+    def store(self):
+        """One array holding every param's and const's value (64-byte aligned slots).
+
+        New values queue up and are packed into one exactly-sized array the first
+        time the store is needed, so adding 10k params costs 10k small copies, not
+        a doubling array's repeated reallocation."""
+        if self._pending:
+            self._store = np.concatenate([self._store[: self._packed]] + self._pending)
+            self._packed = self._store.size
+            self._pending = []
+        return self._store
+
+    def _store_add(self, arr):
+        """Queue a copy of ``arr`` (cast to the graph dtype); returns its store offset."""
+        size = arr.size
+        padded = -(-size // _ALIGN) * _ALIGN
+        slot = np.empty(padded, self.dtype)
+        slot[:size] = arr.reshape(-1)
+        slot[size:] = 0
+        off = self.store_used
+        self._pending.append(slot)
+        self.store_used = off + padded
         return off
 
     def _leaf_with_value(self, op, flags, value, name, what):
         arr = as_numeric_array(value, what)
-        shape = check_shape(arr.shape, what)
+        shape = arr.shape
+        if len(shape) > MAX_DIMS or 0 in shape:
+            check_shape(shape, what)          # raises with the message
         if arr.dtype.kind in "iu" and op == CONST:
             flags |= F_INDEX      # an integer const can index an embedding
-        off = self._store_alloc(arr.size)
-        self.store[off: off + arr.size] = arr.reshape(-1)
+        off = self._store_add(arr)
         t = self._node(op, (), shape, ip=(off,), flags=flags)
         self._set_name(t.id, name)
         return t
@@ -187,12 +197,13 @@ class Graph:
 class Tensor:
     """A handle to one node of a Graph.  Hashable, so it can key a feed dict."""
 
-    __slots__ = ("graph", "id")
+    __slots__ = ("graph", "id", "shape")
     __array_priority__ = 1000     # numpy scalars/arrays on the left defer to us
 
-    def __init__(self, graph, node_id):
+    def __init__(self, graph, node_id, shape=None):
         self.graph = graph
         self.id = node_id
+        self.shape = graph.shape_of(node_id) if shape is None else shape   # a node's shape never changes
 
     def __hash__(self):
         return hash((id(self.graph), self.id))
@@ -205,10 +216,6 @@ class Tensor:
 
     def __bool__(self):
         return True
-
-    @property
-    def shape(self):
-        return self.graph.shape_of(self.id)
 
     @property
     def ndim(self):

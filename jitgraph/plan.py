@@ -1,7 +1,7 @@
 """Memory plan: where each node's data lives at run time.
 
-Leaves live in the graph's value store (params, consts) or the program's io
-buffer (inputs); views alias their source; every other node gets an offset in
+Leaves live in the graph's value store (params, consts); inputs and param
+gradients in the program's persistent io slots; views alias their source; every other node gets an offset in
 the arena.  (This first planner gives each node its own region; the liveness
 planner replaces it.)
 """
@@ -21,7 +21,7 @@ def _aligned(x):
 
 
 @njit(cache=True)
-def plan_memory(G, n_nodes, order):
+def plan_memory(G, n_nodes, order, io_nodes):
     """(loc, off, arena_elems, io_elems) for the nodes of ``order``.
 
     ARENA and IO offsets index the run buffer [arena | io]; STORE offsets the
@@ -29,13 +29,16 @@ def plan_memory(G, n_nodes, order):
     op, src, ndim, shape, ip, fp, flags, origin, rule = G
     loc = np.zeros(n_nodes, np.int8)
     off = np.zeros(n_nodes, np.int64)
+    persistent = np.zeros(n_nodes, np.uint8)
+    for n in io_nodes:
+        persistent[n] = 1
     arena = 0
     io = 0
     for t in range(order.size):
         n = order[t]
         code = op[n]
         size = shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
-        if code == INPUT:
+        if code == INPUT or persistent[n]:
             loc[n] = LOC_IO
             off[n] = io
             io = _aligned(io + size)

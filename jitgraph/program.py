@@ -3,12 +3,14 @@
 ``build_forward(outputs)`` returns a ForwardGraph; the backward and checkpoint
 passes return BackwardGraph (a Program whose order also holds gradient nodes).
 """
+import functools
+
 import numpy as np
 
 from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import ERR_UNKNOWN_OP, run_nodes
-from .ir import F_INDEX, F_INPUT, F_OUTPUT, LOC_STORE, flag_names
+from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, LOC_STORE, flag_names
 from .ops.nn import ERR_INDEX
 from .registry import OPS
 from .order import topo_order
@@ -42,13 +44,14 @@ def execution_order(graph, roots, what):
 class Program:
     """An execution order over a graph's nodes with a memory plan."""
 
-    def __init__(self, graph, order, outputs, single):
+    def __init__(self, graph, order, outputs, single, io_nodes=()):
         self.graph = graph
         self.order = order
         self.outputs = outputs            # Tensors returned by run()
         self._single = single
         nodes = graph.nodes
-        self.loc, self.off, arena_elems, io_elems = plan_memory(nodes.arrays(), nodes.n, order)
+        self.loc, self.off, arena_elems, io_elems = plan_memory(
+            nodes.arrays(), nodes.n, order, np.asarray(io_nodes, np.int64))
         self.arena_elems = int(arena_elems)
         self.io_elems = int(io_elems)
         self._mem = None          # run buffer [arena | io], allocated by the first run
@@ -219,4 +222,115 @@ def build_forward(outputs):
     return ForwardGraph(g, order, outs, single)
 
 
-__all__ = ["Graph", "ForwardGraph", "Program", "build_forward"]
+class BackwardGraph(Program):
+    """Forward plus backward nodes of a scalar loss, with a memory plan.
+
+    ``run(feeds)`` returns the loss and computes every param's gradient, read with
+    ``W.grad`` or ``bwd.grad(W)``.
+    """
+
+    def __init__(self, fwd, params, grad_nodes):
+        g = fwd.graph
+        self.forward = fwd
+        self.loss = fwd.outputs[0]
+        self.params = [int(p) for p in params]
+        self.grad_nodes = [int(n) for n in grad_nodes]       # -1: the gradient is zero
+        self._zero_grad_extra = {}
+        live = sorted(n for n in self.grad_nodes if n >= 0)   # nearest the loss first
+        order = execution_order(g, [self.loss.id] + live, "build_backward")
+        super().__init__(g, order, [self.loss], True, io_nodes=live)
+
+    def __repr__(self):
+        return (f"<BackwardGraph {self.order.size} nodes ({self.forward.order.size} forward), "
+                f"loss {self.loss.label!r}, {len(self.params)} params, peak {self.peak_bytes} B>")
+
+    def stats(self):
+        st = super().stats()
+        n_fwd = int(self.forward.order.size)
+        st.update(n_forward=n_fwd, n_backward=int(self.order.size) - n_fwd)
+        return st
+
+    def _param_index(self, param, what):
+        if not isinstance(param, Tensor) or param.graph is not self.graph:
+            raise GraphError(f"{what}: expects a param Tensor of this graph, got {param!r}")
+        try:
+            return self.params.index(param.id)
+        except ValueError:
+            raise GraphError(f"{what}: {param.label!r} is not a param this backward graph "
+                             "differentiates (it is not a param, or the loss does not depend on it)") from None
+
+    def grad(self, param):
+        """The gradient of ``param`` from this program's last run (a numpy array)."""
+        i = self._param_index(param, "grad")
+        return self._grad_value(i)
+
+    def _grad_value(self, i):
+        p, n = self.params[i], self.grad_nodes[i]
+        shape = self.graph.shape_of(p)
+        if n < 0:
+            extra = self._zero_grad_extra.get(p)
+            return np.zeros(shape, self.graph.dtype) if extra is None else extra.copy()
+        return self.value_of(n).reshape(shape)
+
+    def grad_tensor(self, param):
+        """The gradient of ``param`` as a Tensor, to build on (gradient penalties,
+        Hessian-vector products: differentiate a function of it again)."""
+        i = self._param_index(param, "grad_tensor")
+        n = self.grad_nodes[i]
+        if n < 0:
+            return self.graph.const(np.zeros(self.graph.shape_of(self.params[i])))
+        return Tensor(self.graph, n)
+
+    def run(self, feeds=None, accumulate=False):
+        """Forward and backward.  Returns the loss; gradients are fresh, or added to
+        the current ``W.grad`` values with ``accumulate=True``."""
+        g = self.graph
+        old = {}
+        if accumulate:
+            for p in self.params:
+                getter = g.grads.get(p)
+                if getter is not None:
+                    old[p] = getter()
+        self._execute(feeds)
+        for i, (p, n) in enumerate(zip(self.params, self.grad_nodes)):
+            if p in old:
+                if n >= 0:
+                    o = int(self.off[n])
+                    self.mem[o:o + old[p].size] += old[p].reshape(-1)
+                else:
+                    self._zero_grad_extra[p] = old[p]
+            elif n < 0:
+                self._zero_grad_extra.pop(p, None)
+            g.grads[p] = functools.partial(self._grad_value, i)
+        return self.value_of(self.loss.id)
+
+
+def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None):
+    """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
+    param it depends on (ggml_build_backward_expand)."""
+    if not isinstance(fwd, ForwardGraph):
+        raise GraphError(f"build_backward: expects the ForwardGraph of a loss, got {type(fwd).__name__}")
+    if len(fwd.outputs) != 1:
+        raise GraphError(f"build_backward: the forward graph must have exactly one output, the loss; "
+                         f"it has {len(fwd.outputs)}")
+    loss = fwd.outputs[0]
+    if loss.shape != ():
+        raise GraphError(f"build_backward: the loss {loss.label!r} must be a scalar, got shape {loss.shape}; "
+                         "reduce it first (jg.sum or jg.mean)")
+    if checkpoints is not None or memory_budget is not None or policy is not None:
+        raise NotImplementedError("checkpointing arrives with the checkpoint rewrite")
+    from .backward import differentiate
+    g = fwd.graph
+    g.nodes.flags[loss.id] |= F_LOSS
+    params, grad_nodes = differentiate(g, fwd.order, loss.id)
+    return BackwardGraph(fwd, params, grad_nodes)
+
+
+def grad(loss, wrt):
+    """Gradient tensors of scalar ``loss`` with respect to params ``wrt`` (a list),
+    as graph nodes to build on -- second-order derivatives differentiate them again."""
+    bwd = build_backward(build_forward(loss))
+    return [bwd.grad_tensor(p) for p in wrt]
+
+
+__all__ = ["ForwardGraph", "BackwardGraph", "Program", "build_forward", "build_backward", "grad"]

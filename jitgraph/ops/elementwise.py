@@ -8,8 +8,10 @@ import math
 
 from numba import njit
 
+from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Tensor
+from ..ir import F_GRAD
 from .common import KERNEL, as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 from ..registry import ELEMENTWISE, MEMORY, defop
 
@@ -41,6 +43,7 @@ GELU_DD = defop("gelu_dd", 1, ELEMENTWISE, MEMORY, 16, differentiable=False)  # 
 SILU_D = defop("silu_d", 1, ELEMENTWISE, MEMORY, 12)    # silu'
 SILU_DD = defop("silu_dd", 1, ELEMENTWISE, MEMORY, 12, differentiable=False)  # silu''
 UNARY_FIRST, UNARY_LAST = NEG, SILU_DD
+FIRST_OP, LAST_OP = ADD, SILU_DD
 
 _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -314,3 +317,77 @@ def unary_kernel(code, out, x, p0, p1):
             v = x[i]
             s = _sigmoid(v)
             out[i] = s * (1.0 - s) * (2.0 + v * (1.0 - 2.0 * s))
+
+
+# ---- gradient rules -------------------------------------------------------------------
+# vjp(G, st, n, k, g): the contribution of node n's gradient g to its source slot k,
+# in n's (broadcast) shape -- the backward pass sums it down to the source's shape.
+# Returns a node id, NO_CONTRIBUTION (zero derivative) or NO_RULE.
+NO_CONTRIBUTION = -1
+NO_RULE = -2
+
+
+@njit(cache=True)
+def _affine_node(G, st, x, a, b, n, k):
+    t = new_node(G, st, AFFINE, x, -1, x, F_GRAD, n, k)
+    G[5][t, 0] = a
+    G[5][t, 1] = b
+    return t
+
+
+@njit(cache=True)
+def vjp(G, st, n, k, g):
+    op, src = G[0], G[1]
+    code = op[n]
+    x = src[n, 0]
+    y = src[n, 1]
+    if code == ADD:                                   # d(x+y) = dx + dy
+        return g
+    if code == SUB:
+        return g if k == 0 else new_node(G, st, NEG, g, -1, g, F_GRAD, n, k)
+    if code == MUL:                                   # g*y, g*x
+        return new_node(G, st, MUL, g, y if k == 0 else x, n, F_GRAD, n, k)
+    if code == DIV:                                   # g/y, -g*out/y
+        if k == 0:
+            return new_node(G, st, DIV, g, y, n, F_GRAD, n, k)
+        t = new_node(G, st, MUL, g, n, n, F_GRAD, n, k)
+        t = new_node(G, st, DIV, t, y, n, F_GRAD, n, k)
+        return new_node(G, st, NEG, t, -1, n, F_GRAD, n, k)
+    if code == NEG:
+        return new_node(G, st, NEG, g, -1, g, F_GRAD, n, k)
+    if code == AFFINE:                                # a*g (x + c passes g through)
+        a = G[5][n, 0]
+        if a == 1.0:
+            return g
+        return _affine_node(G, st, g, a, 0.0, n, k)
+    if code == SQR:                                   # g * 2x
+        return new_node(G, st, MUL, g, _affine_node(G, st, x, 2.0, 0.0, n, k), n, F_GRAD, n, k)
+    if code == SQRT:                                  # 0.5 g / out
+        return new_node(G, st, DIV, _affine_node(G, st, g, 0.5, 0.0, n, k), n, n, F_GRAD, n, k)
+    if code == EXP:                                   # g * out
+        return new_node(G, st, MUL, g, n, n, F_GRAD, n, k)
+    if code == LOG:                                   # g / x
+        return new_node(G, st, DIV, g, x, n, F_GRAD, n, k)
+    if code == ABS:                                   # g * sign(x); 0 at x = 0
+        return new_node(G, st, MUL, g, new_node(G, st, SIGN, x, -1, x, F_GRAD, n, k), n, F_GRAD, n, k)
+    if code == RELU:                                  # g * [out > 0]: reads the output, so x can die
+        return new_node(G, st, MUL, g, new_node(G, st, STEP, n, -1, n, F_GRAD, n, k), n, F_GRAD, n, k)
+    if code == GELU:
+        return new_node(G, st, MUL, g, new_node(G, st, GELU_D, x, -1, x, F_GRAD, n, k), n, F_GRAD, n, k)
+    if code == SILU:
+        return new_node(G, st, MUL, g, new_node(G, st, SILU_D, x, -1, x, F_GRAD, n, k), n, F_GRAD, n, k)
+    if code == TANH:                                  # g * (1 - out^2)
+        t = new_node(G, st, SQR, n, -1, n, F_GRAD, n, k)
+        return new_node(G, st, MUL, g, _affine_node(G, st, t, -1.0, 1.0, n, k), n, F_GRAD, n, k)
+    if code == SIGMOID:                               # g * out (1 - out)
+        t = new_node(G, st, MUL, n, _affine_node(G, st, n, -1.0, 1.0, n, k), n, F_GRAD, n, k)
+        return new_node(G, st, MUL, g, t, n, F_GRAD, n, k)
+    if code == COPY:
+        return g
+    if code == STEP or code == SIGN:                  # piecewise constant
+        return NO_CONTRIBUTION
+    if code == GELU_D:
+        return new_node(G, st, MUL, g, new_node(G, st, GELU_DD, x, -1, x, F_GRAD, n, k), n, F_GRAD, n, k)
+    if code == SILU_D:
+        return new_node(G, st, MUL, g, new_node(G, st, SILU_DD, x, -1, x, F_GRAD, n, k), n, F_GRAD, n, k)
+    return NO_RULE                                    # gelu_dd, silu_dd: third order is not offered

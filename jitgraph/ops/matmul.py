@@ -7,12 +7,15 @@ no transpose node and BLAS reads the operand as it lies (F-order view).
 import numpy as np
 from numba import njit
 
+from ..emit import new_node
 from ..errors import GraphError
-from .common import KERNEL, as_tensor, graph_of
+from ..ir import F_GRAD
 from ..registry import COMPUTE, OTHER, defop
+from .common import KERNEL, as_tensor, graph_of
 from .shape import reshape
 
 MATMUL = defop("matmul", 2, OTHER, COMPUTE)
+FIRST_OP, LAST_OP = MATMUL, MATMUL
 
 
 # ---- Python shape rule ----------------------------------------------------------------
@@ -21,31 +24,38 @@ def matmul(a, b):
     g = graph_of("matmul", a, b)
     a = as_tensor(a, g, "matmul")
     b = as_tensor(b, g, "matmul")
-    if a.ndim == 0 or b.ndim == 0:
-        s = a if a.ndim == 0 else b
+    sa, sb = a.shape, b.shape
+    na, nb = len(sa), len(sb)
+    if na == 2 and nb == 2:                           # the common case, kept short
+        if sa[1] != sb[0]:
+            raise GraphError(f"matmul: inner dims differ: {a.label!r} {sa} @ {b.label!r} {sb} "
+                             f"({sa[1]} != {sb[0]})")
+        return g._node(MATMUL, (a.id, b.id), (sa[0], sb[1]), ip=(0, 0))
+    if na == 0 or nb == 0:
+        s = a if na == 0 else b
         raise GraphError(f"matmul: {s.label!r} is a scalar; use * to scale")
-    a2 = a if a.ndim >= 2 else reshape(a, (1, a.shape[0]))
-    b2 = b if b.ndim >= 2 else reshape(b, (b.shape[0], 1))
-    sa, sb = a2.shape, b2.shape
-    if sa[-1] != sb[-2]:
-        raise GraphError(f"matmul: inner dims differ: {a.label!r} {a.shape} @ {b.label!r} {b.shape} "
-                         f"({sa[-1]} != {sb[-2]})")
-    ba, bb = sa[:-2], sb[:-2]
+    a2 = a if na >= 2 else reshape(a, (1, sa[0]))
+    b2 = b if nb >= 2 else reshape(b, (sb[0], 1))
+    sa2, sb2 = a2.shape, b2.shape
+    if sa2[-1] != sb2[-2]:
+        raise GraphError(f"matmul: inner dims differ: {a.label!r} {sa} @ {b.label!r} {sb} "
+                         f"({sa2[-1]} != {sb2[-2]})")
+    ba, bb = sa2[:-2], sb2[:-2]
     nd = max(len(ba), len(bb))
     pa = (1,) * (nd - len(ba)) + ba
     pb = (1,) * (nd - len(bb)) + bb
     batch = []
     for x, y in zip(pa, pb):
         if x != y and x != 1 and y != 1:
-            raise GraphError(f"matmul: batch dims of {a.label!r} {a.shape} and {b.label!r} {b.shape} "
+            raise GraphError(f"matmul: batch dims of {a.label!r} {sa} and {b.label!r} {sb} "
                              "do not broadcast")
         batch.append(max(x, y))
-    out = g._node(MATMUL, (a2.id, b2.id), tuple(batch) + (sa[-2], sb[-1]), ip=(0, 0))
-    if a.ndim == 1 and b.ndim == 1:
+    out = g._node(MATMUL, (a2.id, b2.id), tuple(batch) + (sa2[-2], sb2[-1]), ip=(0, 0))
+    if na == 1 and nb == 1:
         return reshape(out, ())
-    if a.ndim == 1:
+    if na == 1:
         return reshape(out, out.shape[:-2] + (out.shape[-1],))
-    if b.ndim == 1:
+    if nb == 1:
         return reshape(out, out.shape[:-1])
     return out
 
@@ -82,3 +92,40 @@ def matmul_flops(so, sa, ta):
     """2 m n k per batch element (Python; planners use it)."""
     k = sa[2] if ta else sa[3]
     return 2 * int(np.prod(so)) * int(k)
+
+
+# ---- gradient rule (see elementwise.vjp) --------------------------------------------
+@njit(cache=True)
+def vjp(G, st, n, k, g):
+    """C = op(A) op(B), op = transpose-if-flagged.  With A' = op(A), B' = op(B):
+    dA' = g B'^T and dB' = A'^T g, written back in each operand's stored layout
+    by flipping the transpose flags -- no transpose node, BLAS reads views.
+    The batch dims are n's; the backward pass sums broadcast ones away."""
+    src, shape, ip = G[1], G[3], G[4]
+    a = src[n, 0]
+    b = src[n, 1]
+    ta = ip[n, 0]
+    tb = ip[n, 1]
+    if k == 0:
+        if ta:      # A stored as A'^T:  dA = B' g^T
+            t = new_node(G, st, MATMUL, b, g, n, F_GRAD, n, k)
+            ip[t, 0] = tb
+            ip[t, 1] = 1
+        else:       # dA = g B'^T
+            t = new_node(G, st, MATMUL, g, b, n, F_GRAD, n, k)
+            ip[t, 0] = 0
+            ip[t, 1] = 1 - tb
+        shape[t, 2] = shape[a, 2]
+        shape[t, 3] = shape[a, 3]
+    else:
+        if tb:      # B stored as B'^T:  dB = g^T A'
+            t = new_node(G, st, MATMUL, g, a, n, F_GRAD, n, k)
+            ip[t, 0] = 1
+            ip[t, 1] = ta
+        else:       # dB = A'^T g
+            t = new_node(G, st, MATMUL, a, g, n, F_GRAD, n, k)
+            ip[t, 0] = 1 - ta
+            ip[t, 1] = 0
+        shape[t, 2] = shape[b, 2]
+        shape[t, 3] = shape[b, 3]
+    return t

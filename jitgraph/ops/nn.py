@@ -13,11 +13,14 @@ import numbers
 import numpy as np
 from numba import njit
 
+from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..ir import F_INDEX, MAX_DIMS
-from .common import KERNEL, as_tensor, graph_of, need_tensor, normalize_axis
+from ..ir import F_GRAD, F_INDEX, MAX_DIMS
 from ..registry import COMPUTE, ELEMENTWISE, MEMORY, OTHER, defop
+from .common import KERNEL, as_tensor, graph_of, need_tensor, normalize_axis
+from .elementwise import AFFINE, EXP, MUL, NO_CONTRIBUTION, NO_RULE, SQR, SUB
+from .reduce import MEAN, SUM
 from .shape import outer_inner
 
 SOFTMAX = defop("softmax", 1, OTHER, COMPUTE, 12)
@@ -29,6 +32,7 @@ NORM_RSTD = defop("norm_rstd", 1, OTHER, COMPUTE, 4)   # 1/std (ip[0]=1) or 1/rm
 DROPOUT = defop("dropout", 1, ELEMENTWISE, MEMORY, 4)
 EMBEDDING = defop("embedding", 2, OTHER, MEMORY)
 SCATTER_ADD = defop("scatter_add", 2, OTHER, MEMORY)    # embedding's table gradient
+FIRST_OP, LAST_OP = SOFTMAX, SCATTER_ADD
 
 ERR_INDEX = 3      # status: an index out of range or not an integer
 
@@ -278,3 +282,85 @@ def scatter_add_kernel(out, g, idx, v, d):
         for j in range(d):
             out[k * d + j] += g[i * d + j]
     return -1
+
+
+# ---- gradient rules (see elementwise.vjp) -------------------------------------------
+@njit(cache=True)
+def _node(G, st, op, a, b, like, n, k):
+    return new_node(G, st, op, a, b, like, F_GRAD, n, k)
+
+
+@njit(cache=True)
+def _row_reduce(G, st, op, a, like, axis, n, k):
+    """sum or mean of ``a`` over padded ``axis``, keeping it as size 1."""
+    t = _node(G, st, op, a, -1, like, n, k)
+    G[3][t, axis] = 1
+    G[4][t, 0] = 1 << axis
+    if op == MEAN:
+        G[5][t, 0] = 1.0 / G[3][like, axis]
+    return t
+
+
+@njit(cache=True)
+def _scaled(G, st, a, s, n, k):
+    t = _node(G, st, AFFINE, a, -1, a, n, k)
+    G[5][t, 0] = s
+    return t
+
+
+@njit(cache=True)
+def vjp(G, st, n, k, g):
+    src, shape, ip, fp = G[1], G[3], G[4], G[5]
+    code = G[0][n]
+    x = src[n, 0]
+    y = src[n, 1]
+    if code == SOFTMAX:                 # out * (g - sum(g * out))
+        axis = ip[n, 0]
+        t = _row_reduce(G, st, SUM, _node(G, st, MUL, g, n, n, n, k), n, axis, n, k)
+        return _node(G, st, MUL, n, _node(G, st, SUB, g, t, n, n, k), n, n, k)
+    if code == LOG_SOFTMAX:             # g - exp(out) * sum(g)
+        axis = ip[n, 0]
+        t = _row_reduce(G, st, SUM, g, n, axis, n, k)
+        t = _node(G, st, MUL, _node(G, st, EXP, n, -1, n, n, k), t, n, n, k)
+        return _node(G, st, SUB, g, t, n, n, k)
+    if code == CROSS_ENTROPY:           # (softmax(l) - t) g / rows ;  -log_softmax(l) g / rows
+        rows = 1
+        for d in range(3):
+            rows *= shape[x, d]
+        if k == 0:
+            s = _node(G, st, SOFTMAX, x, -1, x, n, k)
+            ip[s, 0] = 3
+            d = _node(G, st, SUB, s, y, x, n, k)
+            return _node(G, st, MUL, d, _scaled(G, st, g, 1.0 / rows, n, k), x, n, k)
+        s = _node(G, st, LOG_SOFTMAX, x, -1, x, n, k)
+        ip[s, 0] = 3
+        return _node(G, st, MUL, s, _scaled(G, st, g, -1.0 / rows, n, k), x, n, k)
+    if code == LAYER_NORM or code == RMS_NORM:
+        # layer: rstd (g - mean(g) - out mean(g out));  rms: rrms (g - out mean(g out))
+        center = code == LAYER_NORM
+        r = _node(G, st, NORM_RSTD, x, -1, x, n, k)
+        shape[r, 3] = 1
+        ip[r, 0] = 1 if center else 0
+        fp[r, 0] = fp[n, 0]
+        m = _row_reduce(G, st, MEAN, _node(G, st, MUL, g, n, n, n, k), n, 3, n, k)
+        v = _node(G, st, SUB, g, _node(G, st, MUL, n, m, n, n, k), n, n, k)
+        if center:
+            v = _node(G, st, SUB, v, _row_reduce(G, st, MEAN, g, n, 3, n, k), n, n, k)
+        return _node(G, st, MUL, v, r, n, n, k)
+    if code == NORM_RSTD:               # d rstd / dx = -rstd^2 * norm(x) / D
+        t = _node(G, st, MUL, g, _node(G, st, SQR, n, -1, n, n, k), n, n, k)
+        t = _scaled(G, st, t, -1.0 / shape[x, 3], n, k)
+        y_ = _node(G, st, LAYER_NORM if ip[n, 0] else RMS_NORM, x, -1, x, n, k)
+        fp[y_, 0] = fp[n, 0]
+        return _node(G, st, MUL, y_, t, x, n, k)
+    if code == DROPOUT:                 # the same mask: same (seed, mask id)
+        t = _node(G, st, DROPOUT, g, -1, g, n, k)
+        ip[t, 0] = ip[n, 0]
+        ip[t, 1] = ip[n, 1]
+        fp[t, 0] = fp[n, 0]
+        return t
+    if code == EMBEDDING:               # rows of g added into the table's rows
+        return _node(G, st, SCATTER_ADD, g, y, x, n, k) if k == 0 else NO_CONTRIBUTION
+    if code == SCATTER_ADD:
+        return _node(G, st, EMBEDDING, g, y, x, n, k) if k == 0 else NO_CONTRIBUTION
+    return NO_RULE

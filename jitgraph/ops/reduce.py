@@ -11,16 +11,20 @@ import math
 import numpy as np
 from numba import njit
 
+from ..emit import new_node
 from ..errors import GraphError
 from ..graph import check_shape
-from .common import KERNEL, broadcast_mask, need_tensor, normalize_axes, padded_mask
+from ..ir import F_GRAD
 from ..registry import COMPUTE, MEMORY, OTHER, defop
+from .common import KERNEL, broadcast_mask, need_tensor, normalize_axes, padded_mask
+from .elementwise import AFFINE, MUL, NO_CONTRIBUTION, NO_RULE
 
 SUM = defop("sum", 1, OTHER, COMPUTE)
 MEAN = defop("mean", 1, OTHER, COMPUTE)
 MAX = defop("max", 1, OTHER, COMPUTE)
 BROADCAST = defop("broadcast", 1, OTHER, MEMORY)
 MAX_MASK = defop("max_mask", 1, OTHER, COMPUTE)   # 1 at the first max of each group (max')
+FIRST_OP, LAST_OP = SUM, MAX_MASK
 
 
 # ---- Python shape rules -----------------------------------------------------------
@@ -200,3 +204,33 @@ def max_mask_kernel(out, x, sx, mask):
                 best = v
                 best_at = off
         out[best_at] = 1.0
+
+
+# ---- gradient rules (see elementwise.vjp) -------------------------------------------
+@njit(cache=True)
+def _masked(G, st, op, a, like, mask, n, k):
+    t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
+    G[4][t, 0] = mask
+    return t
+
+
+@njit(cache=True)
+def vjp(G, st, n, k, g):
+    code = G[0][n]
+    x = G[1][n, 0]
+    mask = G[4][n, 0]
+    if code == SUM:                                   # g repeated over the reduced axes
+        return _masked(G, st, BROADCAST, g, x, mask, n, k)
+    if code == MEAN:                                  # (g / count) repeated
+        t = new_node(G, st, AFFINE, g, -1, g, F_GRAD, n, k)
+        G[5][t, 0] = G[5][n, 0]
+        return _masked(G, st, BROADCAST, t, x, mask, n, k)
+    if code == MAX:                                   # g to the first maximal element of each group
+        b = _masked(G, st, BROADCAST, g, x, mask, n, k)
+        m = _masked(G, st, MAX_MASK, x, x, mask, n, k)
+        return new_node(G, st, MUL, b, m, x, F_GRAD, n, k)
+    if code == BROADCAST:                             # summed back over the repeated axes
+        return _masked(G, st, SUM, g, x, mask, n, k)
+    if code == MAX_MASK:
+        return NO_CONTRIBUTION
+    return NO_RULE

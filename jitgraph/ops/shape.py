@@ -5,17 +5,19 @@ import numbers
 
 from numba import njit
 
+from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
-from ..ir import MAX_DIMS, MAX_SRC
+from ..ir import F_GRAD, MAX_DIMS, MAX_SRC
+from ..registry import FREE, MEMORY, OTHER, VIEW, defop
 from .common import KERNEL, graph_of, need_tensor, normalize_axis
-from ..registry import MEMORY, OTHER, VIEW, FREE, defop
 
 RESHAPE = defop("reshape", 1, VIEW, FREE, 0)
 TRANSPOSE = defop("transpose", 1, OTHER, MEMORY)
 CONCAT = defop("concat", -1, OTHER, MEMORY)
 SLICE = defop("slice", 1, OTHER, MEMORY)
 PAD = defop("pad", 1, OTHER, MEMORY)
+FIRST_OP, LAST_OP = RESHAPE, PAD
 
 
 # ---- Python shape rules -----------------------------------------------------------
@@ -183,3 +185,37 @@ def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
         s = o * src_stride + src_off
         for j in range(run):
             dst[d + j] = src[s + j]
+
+
+# ---- gradient rules (see elementwise.vjp) -------------------------------------------
+@njit(cache=True)
+def _axis_node(G, st, op, a, like, axis, start, n, k):
+    t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
+    G[4][t, 0] = axis
+    G[4][t, 1] = start
+    return t
+
+
+@njit(cache=True)
+def vjp(G, st, n, k, g):
+    code = G[0][n]
+    src, shape, ip = G[1], G[3], G[4]
+    x = src[n, 0]
+    if code == RESHAPE:
+        return new_node(G, st, RESHAPE, g, -1, x, F_GRAD, n, k)
+    if code == TRANSPOSE:                             # the inverse permutation
+        t = new_node(G, st, TRANSPOSE, g, -1, x, F_GRAD, n, k)
+        for d in range(MAX_DIMS):
+            ip[t, ip[n, d]] = d
+        return t
+    if code == CONCAT:                                # this source's slice of g
+        axis = ip[n, 0]
+        start = 0
+        for i in range(k):
+            start += shape[src[n, i], axis]
+        return _axis_node(G, st, SLICE, g, src[n, k], axis, start, n, k)
+    if code == SLICE:
+        return _axis_node(G, st, PAD, g, x, ip[n, 0], ip[n, 1], n, k)
+    if code == PAD:
+        return _axis_node(G, st, SLICE, g, x, ip[n, 0], ip[n, 1], n, k)
+    return -2

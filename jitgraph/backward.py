@@ -1,0 +1,168 @@
+"""Backward expansion (ggml_build_backward_expand), jitted.
+
+One pass over the forward order in reverse appends gradient nodes to the same
+node table.  Gradients live in a hash map node -> gradient node.  The first
+contribution to a node's gradient is *set*; only a second one creates an add
+(ggml's add-or-set with its zero table), so the backward graph never holds a
+``g + 0``.  Rules (``vjp`` in each op family) give a contribution in the
+consumer's broadcast shape; this pass sums it down to the source's shape, once,
+for every rule.
+"""
+import numpy as np
+from numba import njit
+
+from ._hashtable import ht_get_or, ht_insert, ht_new
+from .emit import RULE_ACCUMULATE, RULE_COPY, new_node, reduce_mask_to, same_shape
+from .ir import F_GRAD, F_LEAF, F_PARAM, F_PARAM_GRAD, MAX_SRC
+from .ops.elementwise import ADD, COPY, NO_CONTRIBUTION, NO_RULE
+from .ops.elementwise import LAST_OP as ELEMENTWISE_LAST, vjp as elementwise_vjp
+from .ops.matmul import LAST_OP as MATMUL_LAST, vjp as matmul_vjp
+from .ops.nn import LAST_OP as NN_LAST, vjp as nn_vjp
+from .ops.reduce import SUM
+from .ops.reduce import LAST_OP as REDUCE_LAST, vjp as reduce_vjp
+from .ops.shape import RESHAPE
+from .ops.shape import LAST_OP as SHAPE_LAST, vjp as shape_vjp
+
+OK = 0
+NEED_SPACE = 1          # the node table is full: grow it and call again from ``position``
+ERR_NO_RULE = 2         # an op without a gradient rule needs one (``node`` says which)
+MAX_NODES_PER_STEP = 64  # worst case appended while differentiating one node (rules + adds)
+
+
+@njit(cache=True)
+def needs_grad(G, n_nodes, order):
+    """1 for params and for every node that depends on one; consts and inputs never."""
+    src, flags = G[1], G[6]
+    need = np.zeros(n_nodes, np.uint8)
+    for t in range(order.size):
+        n = order[t]
+        if flags[n] & F_PARAM:
+            need[n] = 1
+        elif not flags[n] & F_LEAF:
+            for k in range(MAX_SRC):
+                s = src[n, k]
+                if s < 0:
+                    break
+                if need[s]:
+                    need[n] = 1
+                    break
+    return need
+
+
+@njit(cache=True)
+def _vjp(G, st, n, k, g):
+    code = G[0][n]                       # families hold consecutive opcodes, in import order
+    if code <= ELEMENTWISE_LAST:
+        return elementwise_vjp(G, st, n, k, g)
+    if code <= REDUCE_LAST:
+        return reduce_vjp(G, st, n, k, g)
+    if code <= SHAPE_LAST:
+        return shape_vjp(G, st, n, k, g)
+    if code <= MATMUL_LAST:
+        return matmul_vjp(G, st, n, k, g)
+    if code <= NN_LAST:
+        return nn_vjp(G, st, n, k, g)
+    return NO_RULE
+
+
+@njit(cache=True)
+def _fit(G, st, c, s, n, k):
+    """Contribution c brought to source s's shape: summed over broadcast axes."""
+    if not same_shape(G, c, s):
+        t = new_node(G, st, SUM, c, -1, s, F_GRAD, n, k)
+        G[4][t, 0] = reduce_mask_to(G, c, s)
+        return t
+    if G[2][c] != G[2][s]:               # same layout, other rank: a free view
+        return new_node(G, st, RESHAPE, c, -1, s, F_GRAD, n, k)
+    return c
+
+
+@njit(cache=True)
+def expand_backward(G, st, order, need, grads, position):
+    """Differentiate order[::-1] from ``position`` on.  Returns (status, position, node)."""
+    op, src = G[0], G[1]
+    for p in range(position, order.size):
+        n = order[order.size - 1 - p]
+        g = ht_get_or(grads, n, -1)
+        if g < 0 or G[6][n] & F_LEAF:
+            continue
+        if st[0] + MAX_NODES_PER_STEP > st[1]:
+            return NEED_SPACE, p, n
+        for k in range(MAX_SRC):
+            s = src[n, k]
+            if s < 0:
+                break
+            if not need[s]:
+                continue
+            c = _vjp(G, st, n, k, g)
+            if c == NO_RULE:
+                return ERR_NO_RULE, p, n
+            if c == NO_CONTRIBUTION:
+                continue
+            c = _fit(G, st, c, s, n, k)
+            old = ht_get_or(grads, s, -1)
+            if old < 0:
+                ht_insert(grads, s, c)       # first contribution: set, never add to zero
+            else:
+                ht_insert(grads, s, new_node(G, st, ADD, old, c, s, F_GRAD, s, RULE_ACCUMULATE))
+    return OK, order.size, -1
+
+
+@njit(cache=True)
+def param_gradients(G, st, params, grads):
+    """The gradient node of each param (-1: zero), each with a buffer of its own:
+    a view, a leaf or a node shared with another param is copied first."""
+    op, flags = G[0], G[6]
+    out = np.full(params.size, -1, np.int64)
+    for i in range(params.size):
+        p = params[i]
+        g = ht_get_or(grads, p, -1)
+        if g < 0:
+            continue
+        shared = False
+        for j in range(i):
+            if out[j] == g:
+                shared = True
+        if shared or op[g] == RESHAPE or flags[g] & F_LEAF:
+            g = new_node(G, st, COPY, g, -1, p, F_GRAD, p, RULE_COPY)
+        flags[g] |= F_PARAM_GRAD
+        out[i] = g
+    return out
+
+
+def differentiate(graph, order, loss_id):
+    """Run the expansion on ``graph`` for ``loss_id``; returns (params, grad nodes).
+
+    Appends the seed (a const 1 shaped like the loss) and all gradient nodes.
+    """
+    from .errors import GraphError
+    from .registry import OPS
+
+    nodes = graph.nodes
+    seed = graph.const(np.ones(graph.shape_of(loss_id)))
+    nodes.flags[seed.id] |= F_GRAD
+    nodes.origin[seed.id] = loss_id
+    need = needs_grad(nodes.arrays(), nodes.n, order)
+    grads = ht_new(order.size)           # at most one entry per forward node: never full
+    ht_insert(grads, loss_id, seed.id)
+    st = np.array([nodes.n, nodes.capacity], np.int64)
+    position = 0
+    while True:
+        status, position, node = expand_backward(nodes.arrays(), st, order, need, grads, position)
+        nodes.n = int(st[0])
+        if status == OK:
+            break
+        if status == NEED_SPACE:
+            nodes.reserve(nodes.capacity)        # double, then resume where it stopped
+            st[1] = nodes.capacity
+            continue
+        node = int(node)
+        raise GraphError(f"build_backward: op {OPS[int(nodes.op[node])].name!r} of tensor "
+                         f"{graph.label(node)!r} has no gradient rule, but a param's gradient "
+                         "flows through it")
+    params = order[(nodes.flags[order] & F_PARAM) != 0].astype(np.int64)
+    nodes.reserve(params.size + 1)
+    st[1] = nodes.capacity
+    gnodes = param_gradients(nodes.arrays(), st, params, grads)
+    nodes.n = int(st[0])
+    return params, gnodes
