@@ -6,6 +6,7 @@ so only sources need the two-way choice (each merge of two arrays costs a
 reference count, which is most of the per-node overhead on tiny tensors).  Original and recomputed nodes run the same kernels, which is why a
 checkpointed backward pass is bit-identical to a plain one.
 """
+import numpy as np
 from numba import njit
 
 from .ir import LOC_STORE
@@ -118,4 +119,20 @@ def run_nodes(G, order, loc, off, mem, store):
                 return ERR_INDEX, n, bad
         else:
             return ERR_UNKNOWN_OP, n, code
+    return OK, -1, 0
+
+
+@njit(cache=True)
+def run_nodes_debug(G, order, loc, off, mem, store, arena_elems, free_at, free_off, free_size):
+    """run_nodes, poisoning memory: the arena starts as NaN and every block the
+    plan frees is refilled with NaN right away, so a read after free shows up."""
+    for i in range(arena_elems):
+        mem[i] = np.nan
+    for t in range(order.size):
+        status, node, detail = run_nodes(G, order[t:t + 1], loc, off, mem, store)
+        if status:
+            return status, node, detail
+        for e in range(free_at[t], free_at[t + 1]):
+            for i in range(free_off[e], free_off[e] + free_size[e]):
+                mem[i] = np.nan
     return OK, -1, 0

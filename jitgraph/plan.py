@@ -1,18 +1,34 @@
-"""Memory plan: where each node's data lives at run time.
+"""Memory plan: where each node's data lives at run time (ggml's graph
+allocator, without its fixed limits).
 
-Leaves live in the graph's value store (params, consts); inputs and param
-gradients in the program's persistent io slots; views alias their source; every other node gets an offset in
-the arena.  (This first planner gives each node its own region; the liveness
-planner replaces it.)
+Over the execution order:
+
+* params and consts stay in the graph's value store; inputs and param
+  gradients get persistent io slots after the arena (never overwritten);
+* a view (reshape) aliases its source, and keeps the source alive as long as
+  the view is read;
+* every other node gets an offset in one arena, chosen best-fit from a free
+  list whose neighbouring blocks merge; a buffer returns to the free list right
+  after its last reader;
+* an elementwise node may write in place over a source that dies at that node
+  and has its size.
+
+The arena's high-water mark is ``peak_bytes``, and ``run()`` allocates exactly
+that.  The plan is a pure function of the graph and the order, so the same
+network always gets the same plan.
 """
 import numpy as np
 from numba import njit
 
-from .ir import LOC_ARENA, LOC_IO, LOC_STORE
-from .registry import INPUT, LAST_LEAF
+from .ir import LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
+from .registry import INPUT, LAST_LEAF, OPS, ELEMENTWISE
 from .ops.shape import RESHAPE
 
-ALIGN = 16      # elements; arena offsets are 64-byte aligned in float32
+ALIGN = 16      # elements: arena offsets are 64-byte aligned in float32
+NEVER = np.iinfo(np.int64).max
+
+# opcodes whose kernel may write its output over a same-sized source
+IN_PLACE_OK = np.array([1 if info.kind == ELEMENTWISE else 0 for info in OPS], np.uint8)
 
 
 @njit(cache=True)
@@ -21,27 +37,123 @@ def _aligned(x):
 
 
 @njit(cache=True)
-def plan_memory(G, n_nodes, order, io_nodes):
-    """(loc, off, arena_elems, io_elems) for the nodes of ``order``.
+def _numel(shape, n):
+    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
 
-    ARENA and IO offsets index the run buffer [arena | io]; STORE offsets the
-    graph's value store."""
-    op, src, ndim, shape, ip, fp, flags, origin, rule = G
+
+@njit(cache=True)
+def _size(shape, n):
+    """Elements node n occupies in the arena (aligned)."""
+    return _aligned(_numel(shape, n))
+
+
+# ---- the free list: blocks sorted by offset, neighbours always merged -------------------
+@njit(cache=True)
+def _take(fl_off, fl_size, nfree, top, size):
+    """Best fit of ``size``; returns (offset, nfree, top).  Without a fitting
+    block, a free block touching the top is extended, else the top grows."""
+    best = -1
+    for i in range(nfree):
+        if fl_size[i] >= size and (best < 0 or fl_size[i] < fl_size[best]):
+            best = i
+    if best >= 0:
+        off = fl_off[best]
+        if fl_size[best] == size:
+            for j in range(best, nfree - 1):
+                fl_off[j] = fl_off[j + 1]
+                fl_size[j] = fl_size[j + 1]
+            nfree -= 1
+        else:
+            fl_off[best] += size
+            fl_size[best] -= size
+        return off, nfree, top
+    if nfree > 0 and fl_off[nfree - 1] + fl_size[nfree - 1] == top:
+        off = fl_off[nfree - 1]          # the last block grows into fresh space
+        nfree -= 1
+        return off, nfree, off + size
+    return top, nfree, top + size
+
+
+@njit(cache=True)
+def _give(fl_off, fl_size, nfree, top, off, size):
+    """Return a block; merges with its neighbours and gives back the top."""
+    i = 0
+    while i < nfree and fl_off[i] < off:
+        i += 1
+    for j in range(nfree, i, -1):
+        fl_off[j] = fl_off[j - 1]
+        fl_size[j] = fl_size[j - 1]
+    fl_off[i] = off
+    fl_size[i] = size
+    nfree += 1
+    if i + 1 < nfree and fl_off[i] + fl_size[i] == fl_off[i + 1]:      # merge right
+        fl_size[i] += fl_size[i + 1]
+        for j in range(i + 1, nfree - 1):
+            fl_off[j] = fl_off[j + 1]
+            fl_size[j] = fl_size[j + 1]
+        nfree -= 1
+    if i > 0 and fl_off[i - 1] + fl_size[i - 1] == fl_off[i]:           # merge left
+        fl_size[i - 1] += fl_size[i]
+        for j in range(i, nfree - 1):
+            fl_off[j] = fl_off[j + 1]
+            fl_size[j] = fl_size[j + 1]
+        nfree -= 1
+    if nfree > 0 and fl_off[nfree - 1] + fl_size[nfree - 1] == top:    # the top recedes
+        top = fl_off[nfree - 1]
+        nfree -= 1
+    return nfree, top
+
+
+@njit(cache=True)
+def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
+    """Plan ``order``.  ``io_nodes`` get persistent io slots (param gradients);
+    ``keep_nodes`` stay alive to the end (outputs).  Returns
+    (loc, off, arena_elems, io_elems, n_in_place, free_at, free_off, free_size)
+    where free_at[t]..free_at[t+1] index the arena blocks freed after step t."""
+    op, src, ndim, shape = G[0], G[1], G[2], G[3]
+    ip, flags = G[4], G[6]
+    m = order.size
     loc = np.zeros(n_nodes, np.int8)
     off = np.zeros(n_nodes, np.int64)
-    persistent = np.zeros(n_nodes, np.uint8)
+    root = np.empty(n_nodes, np.int64)        # the node owning the buffer (views alias)
+    last = np.full(n_nodes, -1, np.int64)     # position of the last read of each owner
+    persist = np.zeros(n_nodes, np.uint8)
     for n in io_nodes:
-        persistent[n] = 1
-    arena = 0
+        persist[n] = 1
+    # 1. owners and last readers
+    for t in range(m):
+        n = order[t]
+        root[n] = root[src[n, 0]] if op[n] == RESHAPE else n
+        for k in range(MAX_SRC):
+            s = src[n, k]
+            if s < 0:
+                break
+            r = root[s]
+            if last[r] < t:
+                last[r] = t
+    for n in keep_nodes:
+        last[root[n]] = NEVER
+    # 2. walk the order, allocating and freeing
+    fl_off = np.empty(m + 2, np.int64)        # at most one free block per allocation, plus one
+    fl_size = np.empty(m + 2, np.int64)
+    nfree = 0
+    top = 0
+    peak = 0
     io = 0
-    for t in range(order.size):
+    n_in_place = 0
+    free_at = np.zeros(m + 1, np.int64)
+    free_off = np.empty(m, np.int64)
+    free_size = np.empty(m, np.int64)
+    nev = 0
+    for t in range(m):
         n = order[t]
         code = op[n]
-        size = shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
-        if code == INPUT or persistent[n]:
+        size = _size(shape, n)
+        reused = -1
+        if code == INPUT or persist[n]:
             loc[n] = LOC_IO
             off[n] = io
-            io = _aligned(io + size)
+            io += size
         elif code <= LAST_LEAF:
             loc[n] = LOC_STORE
             off[n] = ip[n, 0]
@@ -51,14 +163,52 @@ def plan_memory(G, n_nodes, order, io_nodes):
             off[n] = off[s]
         else:
             loc[n] = LOC_ARENA
-            off[n] = arena
-            arena = _aligned(arena + size)
-    for t in range(order.size):       # io slots follow the arena in the run buffer
+            if in_place and IN_PLACE_OK[code]:
+                for k in range(MAX_SRC):
+                    s = src[n, k]
+                    if s < 0:
+                        break
+                    r = root[s]
+                    # the exact element count: a broadcast source can share an aligned size
+                    if last[r] == t and loc[r] == LOC_ARENA and _numel(shape, r) == _numel(shape, n):
+                        reused = r
+                        break
+            if reused >= 0:
+                off[n] = off[reused]
+                n_in_place += 1
+            else:
+                off[n], nfree, top = _take(fl_off, fl_size, nfree, top, size)
+                if top > peak:
+                    peak = top
+        # free the owners whose last reader this is (once each, unless n took the buffer)
+        for k in range(MAX_SRC):
+            s = src[n, k]
+            if s < 0:
+                break
+            r = root[s]
+            if last[r] != t or loc[r] != LOC_ARENA or r == reused:
+                continue
+            seen = False
+            for j in range(k):
+                if root[src[n, j]] == r:
+                    seen = True
+            if not seen:
+                nfree, top = _give(fl_off, fl_size, nfree, top, off[r], _size(shape, r))
+                free_off[nev] = off[r]
+                free_size[nev] = _size(shape, r)
+                nev += 1
+        if last[n] == -1 and loc[n] == LOC_ARENA and code != RESHAPE:     # nobody reads it
+            nfree, top = _give(fl_off, fl_size, nfree, top, off[n], size)
+            free_off[nev] = off[n]
+            free_size[nev] = size
+            nev += 1
+        free_at[t + 1] = nev
+    for t in range(m):                        # io slots follow the arena in the run buffer
         n = order[t]
         if loc[n] == LOC_IO and op[n] != RESHAPE:
-            off[n] += arena
-    for t in range(order.size):
+            off[n] += peak
+    for t in range(m):
         n = order[t]
         if op[n] == RESHAPE:
             off[n] = off[src[n, 0]]
-    return loc, off, arena, io
+    return loc, off, peak, io, n_in_place, free_at, free_off[:nev], free_size[:nev]

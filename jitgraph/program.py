@@ -9,8 +9,9 @@ import numpy as np
 
 from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
-from .interpreter import ERR_UNKNOWN_OP, run_nodes
-from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, LOC_STORE, flag_names
+from .interpreter import ERR_UNKNOWN_OP, run_nodes, run_nodes_debug
+from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, LOC_ARENA, LOC_STORE, flag_names
+from .ops.shape import RESHAPE
 from .ops.nn import ERR_INDEX
 from .registry import OPS
 from .order import topo_order
@@ -44,16 +45,20 @@ def execution_order(graph, roots, what):
 class Program:
     """An execution order over a graph's nodes with a memory plan."""
 
-    def __init__(self, graph, order, outputs, single, io_nodes=()):
+    def __init__(self, graph, order, outputs, single, io_nodes=(), in_place=True):
         self.graph = graph
         self.order = order
         self.outputs = outputs            # Tensors returned by run()
         self._single = single
+        self.in_place = bool(in_place)
         nodes = graph.nodes
-        self.loc, self.off, arena_elems, io_elems = plan_memory(
-            nodes.arrays(), nodes.n, order, np.asarray(io_nodes, np.int64))
+        (self.loc, self.off, arena_elems, io_elems, n_in_place,
+         self._free_at, self._free_off, self._free_size) = plan_memory(
+            nodes.arrays(), nodes.n, order, np.asarray(io_nodes, np.int64),
+            np.asarray([t.id for t in outputs], np.int64), self.in_place)
         self.arena_elems = int(arena_elems)
         self.io_elems = int(io_elems)
+        self.n_in_place = int(n_in_place)
         self._mem = None          # run buffer [arena | io], allocated by the first run
         in_order = (nodes.flags[order] & F_INPUT) != 0
         self.inputs = [int(i) for i in order[in_order]]
@@ -77,13 +82,23 @@ class Program:
         sizes = nodes.shape[leaf].prod(axis=1)
         return int(self.io_elems + sizes.sum()) * self.itemsize
 
+    @property
+    def unplanned_bytes(self):
+        """What the arena would need without reuse: every computed tensor its own buffer."""
+        nodes = self.graph.nodes
+        arena = self.order[(self.loc[self.order] == LOC_ARENA) & (nodes.op[self.order] != RESHAPE)]
+        return int(nodes.shape[arena].prod(axis=1).sum()) * self.itemsize
+
     def stats(self):
         return {
             "n_nodes": int(self.order.size),
             "n_forward": int(self.order.size),
             "n_backward": 0,
+            "n_recomputed": 0,
             "peak_bytes": self.peak_bytes,
             "persistent_bytes": self.persistent_bytes,
+            "unplanned_bytes": self.unplanned_bytes,
+            "n_in_place": self.n_in_place,
         }
 
     # ---- running ------------------------------------------------------------------------
@@ -138,10 +153,15 @@ class Program:
             self._mem = np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
         return self._mem
 
-    def _execute(self, feeds):
+    def _execute(self, feeds, debug=False):
         self._bind(feeds)
         g = self.graph
-        status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store)
+        if debug:
+            status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, self.mem,
+                                                   g.store, self.arena_elems, self._free_at, self._free_off,
+                                                   self._free_size)
+        else:
+            status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store)
         if status:
             raise self._run_error(int(status), int(node), int(detail))
 
@@ -168,9 +188,13 @@ class Program:
         buf = g.store if k == LOC_STORE else self.mem
         return buf[o:o + size].reshape(g.shape_of(n)).copy()
 
-    def run(self, feeds=None):
-        """Run with ``feeds`` ({input tensor or name: array}); returns the outputs as numpy arrays."""
-        self._execute(feeds)
+    def run(self, feeds=None, debug=False):
+        """Run with ``feeds`` ({input tensor or name: array}); returns the outputs as numpy arrays.
+
+        ``debug=True`` fills the arena with NaN first and every block with NaN as
+        soon as the plan frees it: results that match a normal run prove no node
+        read memory after it was freed."""
+        self._execute(feeds, debug)
         vals = [self.value_of(t.id) for t in self.outputs]
         return vals[0] if self._single else vals
 
@@ -212,14 +236,15 @@ class ForwardGraph(Program):
         return f"<ForwardGraph {self.order.size} nodes -> {outs}, peak {self.peak_bytes} B>"
 
 
-def build_forward(outputs):
-    """Topologically order everything ``outputs`` (a Tensor or list) depend on."""
+def build_forward(outputs, in_place=True):
+    """Topologically order everything ``outputs`` (a Tensor or list) depend on,
+    and plan its memory (``in_place=False``: no elementwise op overwrites a source)."""
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
     order = execution_order(g, [t.id for t in outs], "build_forward")
     for t in outs:
         g.nodes.flags[t.id] |= F_OUTPUT
-    return ForwardGraph(g, order, outs, single)
+    return ForwardGraph(g, order, outs, single, in_place=in_place)
 
 
 class BackwardGraph(Program):
@@ -229,7 +254,7 @@ class BackwardGraph(Program):
     ``W.grad`` or ``bwd.grad(W)``.
     """
 
-    def __init__(self, fwd, params, grad_nodes):
+    def __init__(self, fwd, params, grad_nodes, in_place=True):
         g = fwd.graph
         self.forward = fwd
         self.loss = fwd.outputs[0]
@@ -238,7 +263,7 @@ class BackwardGraph(Program):
         self._zero_grad_extra = {}
         live = sorted(n for n in self.grad_nodes if n >= 0)   # nearest the loss first
         order = execution_order(g, [self.loss.id] + live, "build_backward")
-        super().__init__(g, order, [self.loss], True, io_nodes=live)
+        super().__init__(g, order, [self.loss], True, io_nodes=live, in_place=in_place)
 
     def __repr__(self):
         return (f"<BackwardGraph {self.order.size} nodes ({self.forward.order.size} forward), "
@@ -281,9 +306,9 @@ class BackwardGraph(Program):
             return self.graph.const(np.zeros(self.graph.shape_of(self.params[i])))
         return Tensor(self.graph, n)
 
-    def run(self, feeds=None, accumulate=False):
+    def run(self, feeds=None, accumulate=False, debug=False):
         """Forward and backward.  Returns the loss; gradients are fresh, or added to
-        the current ``W.grad`` values with ``accumulate=True``."""
+        the current ``W.grad`` values with ``accumulate=True``.  ``debug``: see Program.run."""
         g = self.graph
         old = {}
         if accumulate:
@@ -291,7 +316,7 @@ class BackwardGraph(Program):
                 getter = g.grads.get(p)
                 if getter is not None:
                     old[p] = getter()
-        self._execute(feeds)
+        self._execute(feeds, debug)
         for i, (p, n) in enumerate(zip(self.params, self.grad_nodes)):
             if p in old:
                 if n >= 0:
@@ -305,7 +330,7 @@ class BackwardGraph(Program):
         return self.value_of(self.loss.id)
 
 
-def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None):
+def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_place=True):
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand)."""
     if not isinstance(fwd, ForwardGraph):
@@ -323,7 +348,7 @@ def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None):
     g = fwd.graph
     g.nodes.flags[loss.id] |= F_LOSS
     params, grad_nodes = differentiate(g, fwd.order, loss.id)
-    return BackwardGraph(fwd, params, grad_nodes)
+    return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
 
 
 def grad(loss, wrt):

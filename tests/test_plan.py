@@ -1,0 +1,210 @@
+"""The memory plan: liveness, best-fit reuse, in-place, views, exact peak."""
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jitgraph as jg
+from jitgraph.ir import LOC_ARENA, LOC_IO, LOC_STORE
+
+from .graphgen import dropout_masks, evaluate, instance, programs
+
+
+def check_no_overlap(prog):
+    """Brute force, independent of the planner: no two arena tensors that are live
+    at the same step share a byte, except an elementwise node taking over the
+    buffer of a source that dies at that very node."""
+    g = prog.graph
+    nodes = g.nodes
+    order = prog.order.tolist()
+    pos = {n: t for t, n in enumerate(order)}
+    owner, last = {}, {}
+    for t, n in enumerate(order):
+        owner[n] = owner[int(nodes.src[n, 0])] if jg.Tensor(g, n).op == "reshape" else n
+        for s in nodes.sources(n):
+            last[owner[s]] = max(last.get(owner[s], -1), t)
+    for o in prog.outputs:
+        last[owner[o.id]] = len(order)
+    owners = [n for n in order if owner[n] == n and prog.loc[n] == LOC_ARENA]
+    numel = {n: int(np.prod(g.shape_of(n), dtype=np.int64)) for n in owners}
+    for i, a in enumerate(owners):
+        for b in owners[i + 1:]:
+            a0, a1 = pos[a], last.get(a, pos[a])
+            b0, b1 = pos[b], last.get(b, pos[b])
+            if a1 < b0 or b1 < a0:
+                continue
+            oa, ob = int(prog.off[a]), int(prog.off[b])
+            if oa + numel[a] <= ob or ob + numel[b] <= oa:
+                continue
+            in_place = (b0 == a1 and oa == ob and numel[a] == numel[b]
+                        and a in {owner[s] for s in nodes.sources(b)})
+            assert in_place, f"live tensors {a} and {b} overlap in the arena"
+            assert jg.Tensor(g, b).op in ("add", "sub", "mul", "div", "neg", "affine", "sqr", "sqrt", "exp",
+                                          "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy",
+                                          "step", "sign", "gelu_d", "gelu_dd", "silu_d", "silu_dd", "dropout")
+    # arena within the peak; io slots after it and disjoint; store slots untouched
+    for n in owners:
+        assert 0 <= prog.off[n] and prog.off[n] + numel[n] <= prog.arena_elems
+    io = sorted((int(prog.off[n]), int(np.prod(g.shape_of(n)))) for n in order
+                if prog.loc[n] == LOC_IO and owner[n] == n)
+    for (o1, s1), (o2, _) in zip(io, io[1:]):
+        assert o1 + s1 <= o2
+    assert all(o >= prog.arena_elems for o, _ in io)
+
+
+@given(programs(), st.integers(0, 3))
+@settings(max_examples=40)
+def test_random_programs_plan_and_run(program, seed):
+    g, ps, vals, loss, params, weights = instance(program, seed)
+    fwd = jg.build_forward(loss)
+    bwd = jg.build_backward(fwd)
+    for prog in (fwd, bwd):
+        check_no_overlap(prog)
+    # forward equals the numpy reference
+    want = evaluate(*program, params, weights, dropout_masks(program[0], program[1], vals))
+    np.testing.assert_allclose(fwd.run(), want, rtol=1e-10, atol=1e-12)
+    # NaN poisoning of freed memory changes nothing; nor does turning in-place off
+    ps = [p for p in ps if p.id in bwd.params]        # the params the loss depends on
+    l1 = bwd.run()
+    grads1 = [p.grad for p in ps]
+    l2 = bwd.run(debug=True)
+    assert np.array_equal(l1, l2)
+    for p, g1 in zip(ps, grads1):
+        assert np.array_equal(p.grad, g1, equal_nan=True)
+    plain = jg.build_backward(jg.build_forward(loss, in_place=False), in_place=False)
+    assert plain.n_in_place == 0
+    assert np.array_equal(plain.run(), l1)
+    for p, g1 in zip(ps, grads1):
+        assert np.array_equal(plain.grad(p), g1, equal_nan=True)
+
+
+def chain(n_layers, B=64, D=64, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    g = jg.Graph(dtype)
+    x = g.input((B, D), name="x")
+    h = x
+    for i in range(n_layers):
+        h = jg.relu(h @ g.param(rng.standard_normal((D, D)) * np.sqrt(2 / D), name=f"W{i}"))
+    return g, x, jg.mean(h)
+
+
+def test_forward_peak_does_not_grow_with_depth():
+    act = 64 * 64 * 4
+    peaks = [jg.build_forward(chain(n)[2]).peak_bytes for n in (2, 10, 100)]
+    assert peaks[0] == peaks[1] == peaks[2] <= 2 * act + 64
+
+
+def test_backward_peak_holds_the_activations_and_little_more():
+    act = 64 * 64 * 4
+    for n in (10, 100):
+        g, x, loss = chain(n)
+        bwd = jg.build_backward(jg.build_forward(loss))
+        # backward needs each layer's relu output (n of them) and one temporary at a time
+        assert n * act <= bwd.peak_bytes <= (n + 2) * act
+        assert bwd.unplanned_bytes >= 4 * n * act
+        check_no_overlap(bwd)
+
+
+def test_debug_mode_catches_a_read_after_free():
+    g, x, loss = chain(3, B=4, D=4, dtype=np.float64)
+    fwd = jg.build_forward(loss)
+    xb = np.random.default_rng(1).standard_normal((4, 4)) + 1.0
+    good = fwd.run({x: xb})
+    assert np.isfinite(good) and np.array_equal(fwd.run({x: xb}, debug=True), good)
+    # a freed block really is NaN after a debug run
+    o, n = int(fwd._free_off[0]), int(fwd._free_size[0])
+    assert np.isnan(fwd.mem[o:o + n]).all()
+    # sabotage: free the first relu's output right after it is computed, before the
+    # next matmul reads it.  A normal run cannot notice; the debug run must.
+    order = fwd.order.tolist()
+    t = next(i for i, n in enumerate(order) if jg.Tensor(g, n).op == "relu")
+    relu = order[t]
+    at = fwd._free_at.copy()
+    at[t + 1:] += 1
+    fwd._free_off = np.insert(fwd._free_off, at[t], fwd.off[relu])
+    fwd._free_size = np.insert(fwd._free_size, at[t], 16)
+    fwd._free_at = at
+    assert np.array_equal(fwd.run({x: xb}), good)
+    assert np.isnan(fwd.run({x: xb}, debug=True))
+
+
+def test_run_allocates_exactly_the_plan():
+    g0, x0, loss0 = chain(1, B=2, D=2)        # load the compiled interpreter outside the measurement
+    jg.build_backward(jg.build_forward(loss0)).run({x0: np.ones((2, 2), np.float32)})
+    g, x, loss = chain(20, B=64, D=64)
+    bwd = jg.build_backward(jg.build_forward(loss))
+    g.store                                  # pack the param values before measuring
+    xb = np.ones((64, 64), np.float32)
+    tracemalloc.start()
+    bwd.run({x: xb})
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    planned = bwd.peak_bytes + bwd.io_elems * 4     # the arena plus io slots (input, 20 gradients)
+    assert planned <= peak <= planned + 64 * 1024
+    assert bwd.unplanned_bytes > 3 * bwd.peak_bytes  # and that is far less than a buffer per node
+
+
+def test_same_network_same_plan():
+    plans = []
+    for _ in range(2):
+        g, x, loss = chain(8)
+        bwd = jg.build_backward(jg.build_forward(loss))
+        plans.append((bwd.order.copy(), bwd.loc[bwd.order].copy(), bwd.off[bwd.order].copy(), bwd.peak_bytes))
+    assert all(np.array_equal(a, b) for a, b in zip(plans[0][:3], plans[1][:3]))
+    assert plans[0][3] == plans[1][3]
+
+
+def test_inputs_params_outputs_and_grads_are_never_overwritten():
+    g = jg.Graph(np.float64)
+    x = g.input((3,), name="x")
+    W = g.param(np.array([1.0, 2.0, 3.0]), name="W")
+    h = jg.exp(x * W)
+    out2 = jg.tanh(h)
+    fwd = jg.build_forward([h, jg.sum(out2 * 2.0)])
+    xb = np.array([0.1, 0.2, 0.3])
+    r1, r2 = fwd.run({x: xb})
+    np.testing.assert_allclose(r1, np.exp(xb * [1, 2, 3]))            # an output, though read later
+    o = int(fwd.off[x.id])
+    np.testing.assert_array_equal(fwd.mem[o:o + 3], xb)                # the input slot is intact
+    np.testing.assert_array_equal(W.value, [1.0, 2.0, 3.0])
+    assert fwd.loc[W.id] == LOC_STORE and fwd.loc[x.id] == LOC_IO
+
+
+def test_views_alias_and_keep_their_source_alive():
+    g = jg.Graph(np.float64)
+    x = g.input((2, 3), name="x")
+    a = jg.exp(x)
+    v = jg.reshape(a, (3, 2))
+    b = jg.tanh(x)                       # allocated while a is alive only through v
+    out = jg.sum(v @ jg.reshape(b, (3, 2)).T)
+    fwd = jg.build_forward(out)
+    assert fwd.off[v.id] == fwd.off[a.id] and fwd.loc[v.id] == LOC_ARENA
+    check_no_overlap(fwd)
+    xb = np.arange(6.0).reshape(2, 3) / 10
+    want = (np.exp(xb).reshape(3, 2) @ np.tanh(xb).reshape(3, 2).T).sum()
+    np.testing.assert_allclose(fwd.run({x: xb}, debug=True), want)
+
+
+def test_stats_report_memory():
+    g, x, loss = chain(5)
+    bwd = jg.build_backward(jg.build_forward(loss))
+    st_ = bwd.stats()
+    assert st_["peak_bytes"] == bwd.peak_bytes
+    # x, the params, their gradients, and the 1.0 seeding the loss gradient
+    assert st_["persistent_bytes"] == (64 * 64 + 5 * 64 * 64 + 5 * 64 * 64 + 1) * 4
+    assert st_["n_in_place"] == bwd.n_in_place > 0
+    assert st_["unplanned_bytes"] > st_["peak_bytes"]
+
+
+def test_million_node_chain_is_planned():
+    g = jg.Graph(np.float32)
+    x = g.input((16,), name="x")
+    h = x
+    for i in range(1_000_000):
+        h = jg.tanh(h) if i % 2 else h * 0.5
+    fwd = jg.build_forward(h)
+    assert fwd.order.size == 1_000_001
+    assert fwd.peak_bytes == 64      # one 16-float slot: each op writes over its dying source
+    out = fwd.run({x: np.ones(16, np.float32)})
+    assert np.isfinite(out).all()
