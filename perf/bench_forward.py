@@ -24,7 +24,6 @@ No assertion is made on timings.
 """
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,62 +32,14 @@ import numpy as np
 
 import jitgraph as jg
 
+# perf/ first on the path, so `common` is found however this script is launched
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import fmt_time, print_environment, print_table, time_alternating  # noqa: E402
+
 CHAIN_WIDTH = 16        # elements per tensor in the chain
 MLP_BATCH = 64
 MLP_LAYERS = 8
 BUILD_REPEATS = 3     # graph builds are slow; their timings are a median of 3
-
-
-# ---- timing helpers -------------------------------------------------------------------
-
-def _time_once(fn, inner):
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
-
-def _inner_count(fns, min_sample_s):
-    """Calls per sample so the slowest contender's sample lasts >= min_sample_s
-    (keeps timer resolution and per-sample jitter out of fast figures)."""
-    # best of 3 single calls, so one stray slow call does not shrink the count
-    slowest = max(min(_time_once(fn, 1) for _ in range(3)) for fn in fns)
-    return max(1, int(np.ceil(min_sample_s / max(slowest, 1e-9))))
-
-
-def time_alternating(fns, repeats, min_sample_s):
-    """Per-call seconds for each of ``fns``: median over ``repeats`` samples, the
-    contenders taking turns inside every repeat.  Each fn is warmed up first."""
-    for fn in fns:
-        fn()                                   # warm-up: JIT, caches, allocations
-    inner = _inner_count(fns, min_sample_s)
-    samples = [[] for _ in fns]
-    for r in range(repeats):
-        # swap who goes first on alternate repeats so neither is always second
-        idx = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
-        for i in idx:
-            samples[i].append(_time_once(fns[i], inner))
-    return [statistics.median(s) for s in samples], inner
-
-
-def fmt_time(seconds):
-    if seconds < 1e-6:
-        return f"{seconds * 1e9:.1f} ns"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
-def print_table(title, header, rows):
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = "  ".join("-" * w for w in widths)
-    print(f"\n{title}")
-    print("  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    print(line)
-    for r in rows:
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 # ---- 1. chain of tiny ops -------------------------------------------------------------
@@ -216,60 +167,6 @@ def bench_mlp(d, repeats, min_sample_s):
     return row
 
 
-# ---- 3. environment ---------------------------------------------------------------------
-
-def print_environment():
-    import numba
-    import scipy
-    print("\n3. Environment")
-    print(f"   python {platform.python_version()} on {platform.platform()}")
-    print(f"   CPU: {_cpu_model()}, {_cpu_count()} usable")
-    print(f"   numpy {np.__version__}, numba {numba.__version__}, scipy {scipy.__version__}, "
-          f"jitgraph {jg.__version__}")
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        print("   BLAS at run time: threadpoolctl not installed")
-        blas = _numpy_build_blas()
-        if blas:
-            print(f"   numpy was built against: {blas} (from np.show_config; scipy, which numba's "
-                  "matmul calls, may bundle its own)")
-    else:
-        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
-        if not pools:
-            print("   BLAS at run time: none loaded (threadpoolctl found no BLAS library)")
-        for p in pools:
-            print(f"   BLAS at run time: {p.get('internal_api')} {p.get('version')}, "
-                  f"{p.get('num_threads')} threads, {p.get('filepath')}")
-
-
-def _cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown model"
-
-
-def _numpy_build_blas():
-    try:
-        cfg = np.show_config(mode="dicts")
-        blas = cfg["Build Dependencies"]["blas"]
-        return f"{blas.get('name')} {blas.get('version')}"
-    except Exception:   # older numpy, or a build without this section
-        return None
-
-
 # ---- main -------------------------------------------------------------------------------
 
 def main(argv=None):
@@ -298,7 +195,7 @@ def main(argv=None):
     print("   GFLOP/s counts the matmuls only (2*B*D*D per layer).  jitgraph's matmul goes through numba's")
     print("   np.dot (scipy's BLAS), numpy's @ through numpy's BLAS; their thread counts may differ (see 3).")
 
-    print_environment()
+    print_environment("3. Environment")
     return 0
 
 
