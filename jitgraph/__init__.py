@@ -1,5 +1,6 @@
 """jitgraph: computation graphs compiled with Numba -- build, run, differentiate,
 checkpoint.  See README.md for a tour."""
+from .checkpoint import checkpoint, pareto
 from .errors import GraphError
 from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor
@@ -12,7 +13,7 @@ from .program import BackwardGraph, ForwardGraph, build_backward, build_forward,
 __version__ = "0.1.0"
 
 __all__ = [
-    "GraphError", "Graph", "Tensor", "check_grads", "GradCheckResult", "GradientCheckError", "ForwardGraph", "BackwardGraph", "build_forward", "build_backward", "grad",
+    "GraphError", "Graph", "Tensor", "checkpoint", "pareto", "check_grads", "GradCheckResult", "GradientCheckError", "ForwardGraph", "BackwardGraph", "build_forward", "build_backward", "grad",
     "abs", "add", "broadcast_to", "concat", "copy", "cross_entropy", "div", "dropout",
     "embedding", "exp", "gelu", "layer_norm", "log", "log_softmax", "matmul", "max", "mean",
     "mul", "neg", "pad_axis", "relu", "reshape", "rms_norm", "scale", "sigmoid", "silu",

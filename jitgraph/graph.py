@@ -77,6 +77,7 @@ class Graph:
         self._pending = []                       # values added since the last packing
         self.store_used = 0                      # elements of the store, pending included
         self.params = []          # param node ids, in creation order
+        self._segment_depth = 0   # > 0 while jg.checkpoint builds a segment
         self.grads = {}           # param id -> last gradient (numpy), set by backward runs
 
     # ---- nodes -----------------------------------------------------------------
@@ -125,6 +126,18 @@ class Graph:
 
     def __len__(self):
         return self.nodes.n
+
+    def scratch_copy(self):
+        """A graph with a copy of the node table and the same values, for planning
+        experiments that must not touch this graph."""
+        other = Graph(self.dtype, capacity=max(self.nodes.n, 16))
+        for name in ("op", "src", "ndim", "shape", "ip", "fp", "flags", "origin", "rule"):
+            getattr(other.nodes, name)[: self.nodes.n] = getattr(self.nodes, name)[: self.nodes.n]
+        other.nodes.n = self.nodes.n
+        other.shapes = dict(self.shapes)
+        other._store, other._packed = self.store, self.store_used
+        other.store_used = self.store_used
+        return other
 
     def __repr__(self):
         return f"Graph({self.nodes.n} nodes, dtype={self.dtype.name})"

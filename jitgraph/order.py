@@ -16,7 +16,8 @@ def topo_order(src, n_nodes, roots):
     each node's unvisited sources in slot order right before it.
 
     status 0 is OK; ERR_BAD_NODE if a root or source id is outside [0, n_nodes)
-    or a source does not precede its consumer (then ``order[0]`` is that id).
+    (then ``order[0]`` is that id).  Sources need not have smaller ids than their
+    consumers: the checkpoint rewrite points backward nodes at later-appended copies.
     """
     order = np.empty(n_nodes, np.int32)
     stack = np.empty(n_nodes, np.int32)       # each node is pushed at most once
@@ -41,7 +42,7 @@ def topo_order(src, n_nodes, roots):
                 c += 1
                 if s < 0:
                     break
-                if s >= node:                 # sources always precede their consumer
+                if s >= n_nodes:
                     order[0] = s
                     return ERR_BAD_NODE, order[:1]
                 if hs_add(visited, s) == INSERTED:

@@ -10,7 +10,7 @@ import numpy as np
 from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import ERR_UNKNOWN_OP, run_nodes, run_nodes_debug
-from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, LOC_ARENA, LOC_STORE, flag_names
+from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
 from .ops.shape import RESHAPE
 from .ops.nn import ERR_INDEX
 from .registry import OPS
@@ -270,9 +270,14 @@ class BackwardGraph(Program):
                 f"loss {self.loss.label!r}, {len(self.params)} params, peak {self.peak_bytes} B>")
 
     def stats(self):
+        from .checkpoint import total_flops
         st = super().stats()
+        nodes = self.graph.nodes
+        recomputed = self.order[(nodes.flags[self.order] & F_RECOMPUTED) != 0]
         n_fwd = int(self.forward.order.size)
-        st.update(n_forward=n_fwd, n_backward=int(self.order.size) - n_fwd)
+        st.update(n_forward=n_fwd, n_backward=int(self.order.size) - n_fwd - int(recomputed.size),
+                  n_recomputed=int(recomputed.size),
+                  recompute_flops=int(total_flops(nodes.arrays(), recomputed.astype(np.int64))))
         return st
 
     def _param_index(self, param, what):
@@ -332,7 +337,22 @@ class BackwardGraph(Program):
 
 def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_place=True):
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
-    param it depends on (ggml_build_backward_expand)."""
+    param it depends on (ggml_build_backward_expand).
+
+    Gradient checkpointing (the backward pass recomputes what it does not keep):
+
+    * ``checkpoints=[t1, t2, ...]``: keep these (and params, inputs, consts, the loss);
+      recompute every other forward tensor backward reads, from the nearest kept ones;
+    * ``checkpoints="sqrt"``: about sqrt(n) checkpoints at the points where the graph
+      narrows, spread evenly by the bytes backward needs;
+    * ``policy="save_matmuls"``: keep compute-bound results (matmuls, reductions),
+      recompute the memory-bound (elementwise) ones;
+    * ``memory_budget=bytes``: the plan with the least recompute whose exact planned
+      peak fits; GraphError naming the smallest peak found when none does;
+    * tensors built inside ``jg.checkpoint(fn, ...)`` segments are recomputed.
+
+    Gradients are bit-identical to the un-checkpointed ones for every strategy.
+    """
     if not isinstance(fwd, ForwardGraph):
         raise GraphError(f"build_backward: expects the ForwardGraph of a loss, got {type(fwd).__name__}")
     if len(fwd.outputs) != 1:
@@ -342,12 +362,16 @@ def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_pl
     if loss.shape != ():
         raise GraphError(f"build_backward: the loss {loss.label!r} must be a scalar, got shape {loss.shape}; "
                          "reduce it first (jg.sum or jg.mean)")
-    if checkpoints is not None or memory_budget is not None or policy is not None:
-        raise NotImplementedError("checkpointing arrives with the checkpoint rewrite")
     from .backward import differentiate
+    from .checkpoint import Planner, apply, choose_keep
     g = fwd.graph
     g.nodes.flags[loss.id] |= F_LOSS
+    first = g.nodes.n
     params, grad_nodes = differentiate(g, fwd.order, loss.id)
+    end = g.nodes.n
+    keep = choose_keep(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy)
+    if keep is not None:
+        apply(g, fwd, first, end, keep)
     return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
 
 
