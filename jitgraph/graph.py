@@ -78,7 +78,7 @@ class Graph:
         self.store_used = 0                      # elements of the store, pending included
         self.params = []          # param node ids, in creation order
         self._segment_depth = 0   # > 0 while jg.checkpoint builds a segment
-        self.grads = {}           # param id -> last gradient (numpy), set by backward runs
+        self.grads = {}           # param id -> (backward program, index) that last computed its gradient
 
     # ---- nodes -----------------------------------------------------------------
     def _node(self, op, srcs, shape, ip=(), fp=(), flags=0):
@@ -305,7 +305,8 @@ class Tensor:
         got = g.grads.get(self.id)
         if got is None:
             raise GraphError(f"param {self.label!r} has no gradient yet: run a backward graph first")
-        return got()
+        program, index = got
+        return program._grad_value(index)
 
     def __repr__(self):
         kind = ",".join(self.flags) or self.op

@@ -34,8 +34,10 @@ def _data(mem, store, loc, off, shape, n):
 
 
 @njit(cache=True, error_model="numpy")
-def run_nodes(G, order, loc, off, mem, store):
-    """Run nodes ``order`` in sequence.  Returns (status, node, detail); status 0 is OK."""
+def run_nodes(G, order, loc, off, mem, store, salt):
+    """Run nodes ``order`` in sequence.  Returns (status, node, detail); status 0 is OK.
+    ``salt`` is added to every dropout seed (fresh masks per training step, the same
+    for a node and its recomputed copy within one run)."""
     op, src, ndim, shape, ip, fp, flags, origin, rule = G
     for t in range(order.size):
         n = order[t]
@@ -78,7 +80,7 @@ def run_nodes(G, order, loc, off, mem, store):
         elif code == NORM_RSTD:
             norm_rstd_kernel(out, x, shape[s0], fp[n, 0], ip[n, 0] != 0)
         elif code == DROPOUT:
-            dropout_kernel(out, x, fp[n, 0], ip[n, 0], ip[n, 1])
+            dropout_kernel(out, x, fp[n, 0], ip[n, 0] + salt, ip[n, 1])
         elif code == TRANSPOSE:
             transpose_kernel(out, x, shape[s0], ip[n])
         elif code == CONCAT:
@@ -123,13 +125,13 @@ def run_nodes(G, order, loc, off, mem, store):
 
 
 @njit(cache=True)
-def run_nodes_debug(G, order, loc, off, mem, store, arena_elems, free_at, free_off, free_size):
+def run_nodes_debug(G, order, loc, off, mem, store, salt, arena_elems, free_at, free_off, free_size):
     """run_nodes, poisoning memory: the arena starts as NaN and every block the
     plan frees is refilled with NaN right away, so a read after free shows up."""
     for i in range(arena_elems):
         mem[i] = np.nan
     for t in range(order.size):
-        status, node, detail = run_nodes(G, order[t:t + 1], loc, off, mem, store)
+        status, node, detail = run_nodes(G, order[t:t + 1], loc, off, mem, store, salt)
         if status:
             return status, node, detail
         for e in range(free_at[t], free_at[t + 1]):

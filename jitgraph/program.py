@@ -3,8 +3,6 @@
 ``build_forward(outputs)`` returns a ForwardGraph; the backward and checkpoint
 passes return BackwardGraph (a Program whose order also holds gradient nodes).
 """
-import functools
-
 import numpy as np
 
 from .errors import GraphError
@@ -16,6 +14,14 @@ from .ops.nn import ERR_INDEX
 from .registry import OPS
 from .order import topo_order
 from .plan import plan_memory
+
+
+def _salt(seed):
+    if seed is None:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise GraphError(f"run: seed must be an int, got {seed!r}")
+    return int(seed) & 0x3FFFFFFFFFFFFFFF
 
 
 def _output_list(outputs, what):
@@ -153,15 +159,17 @@ class Program:
             self._mem = np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
         return self._mem
 
-    def _execute(self, feeds, debug=False):
+    def _execute(self, feeds, debug=False, seed=None):
         self._bind(feeds)
         g = self.graph
+        salt = _salt(seed)
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, self.mem,
-                                                   g.store, self.arena_elems, self._free_at, self._free_off,
+                                                   g.store, salt, self.arena_elems, self._free_at, self._free_off,
                                                    self._free_size)
         else:
-            status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store)
+            status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store,
+                                             salt)
         if status:
             raise self._run_error(int(status), int(node), int(detail))
 
@@ -188,13 +196,14 @@ class Program:
         buf = g.store if k == LOC_STORE else self.mem
         return buf[o:o + size].reshape(g.shape_of(n)).copy()
 
-    def run(self, feeds=None, debug=False):
+    def run(self, feeds=None, debug=False, seed=None):
         """Run with ``feeds`` ({input tensor or name: array}); returns the outputs as numpy arrays.
 
-        ``debug=True`` fills the arena with NaN first and every block with NaN as
-        soon as the plan frees it: results that match a normal run prove no node
-        read memory after it was freed."""
-        self._execute(feeds, debug)
+        ``seed`` (an int) is added to every dropout's seed for this run: pass the step
+        number while training for fresh masks each step.  ``debug=True`` fills the
+        arena with NaN first and every block with NaN as soon as the plan frees it:
+        results that match a normal run prove no node read memory after it was freed."""
+        self._execute(feeds, debug, seed)
         vals = [self.value_of(t.id) for t in self.outputs]
         return vals[0] if self._single else vals
 
@@ -311,17 +320,18 @@ class BackwardGraph(Program):
             return self.graph.const(np.zeros(self.graph.shape_of(self.params[i])))
         return Tensor(self.graph, n)
 
-    def run(self, feeds=None, accumulate=False, debug=False):
+    def run(self, feeds=None, accumulate=False, debug=False, seed=None):
         """Forward and backward.  Returns the loss; gradients are fresh, or added to
-        the current ``W.grad`` values with ``accumulate=True``.  ``debug``: see Program.run."""
+        the current ``W.grad`` values with ``accumulate=True``.  ``seed``, ``debug``:
+        see Program.run."""
         g = self.graph
         old = {}
         if accumulate:
             for p in self.params:
-                getter = g.grads.get(p)
-                if getter is not None:
-                    old[p] = getter()
-        self._execute(feeds, debug)
+                source = g.grads.get(p)
+                if source is not None:
+                    old[p] = source[0]._grad_value(source[1])
+        self._execute(feeds, debug, seed)
         for i, (p, n) in enumerate(zip(self.params, self.grad_nodes)):
             if p in old:
                 if n >= 0:
@@ -331,7 +341,7 @@ class BackwardGraph(Program):
                     self._zero_grad_extra[p] = old[p]
             elif n < 0:
                 self._zero_grad_extra.pop(p, None)
-            g.grads[p] = functools.partial(self._grad_value, i)
+            g.grads[p] = (self, i)
         return self.value_of(self.loss.id)
 
 

@@ -95,8 +95,9 @@ def dropout(t, p, seed=0):
     """Zero each element with probability p and scale the rest by 1/(1-p).
 
     The mask is a pure function of (seed, this node, element index): recomputing
-    the node (checkpointing) or re-running the graph gives the same mask.  Change
-    ``seed`` between steps for fresh masks.  p == 0 returns ``t`` itself.
+    the node (checkpointing) or re-running the graph gives the same mask.  For fresh
+    masks each training step, run with ``run(feeds, seed=step)``, which is added to
+    every dropout's seed for that run.  p == 0 returns ``t`` itself.
     """
     t = need_tensor(t, "dropout")
     if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 <= p < 1.0:

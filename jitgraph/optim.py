@@ -1,0 +1,230 @@
+"""Optimizers: SGD (momentum, weight decay) and AdamW, updating every param in one
+jitted call.
+
+Params live in the graph's value store and gradients in the backward program's
+run buffer, both at offsets fixed when the program was planned, so ``step()``
+hands the kernel two buffers and three offset arrays -- no Python loop over
+elements, no gathering of gradients into a temporary.  ``step()`` reads the
+gradients of the backward run that last computed each param's gradient
+(``W.grad``); params without one are skipped, as in PyTorch.
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from .errors import GraphError
+from .graph import Tensor
+
+
+@njit(cache=True)
+def _grad_sq_norm(grads, g_off, sizes):
+    total = 0.0
+    for k in range(g_off.size):
+        o = g_off[k]
+        if o < 0:
+            continue
+        for i in range(sizes[k]):
+            v = grads[o + i]
+            total += v * v
+    return total
+
+
+@njit(cache=True)
+def _sgd_kernel(store, grads, p_off, g_off, sizes, s_off, buf, lr, momentum, dampening, weight_decay,
+                nesterov, scale, first_step):
+    for k in range(p_off.size):
+        po, go, so = p_off[k], g_off[k], s_off[k]
+        for i in range(sizes[k]):
+            w = store[po + i]
+            g = grads[go + i] * scale if go >= 0 else 0.0
+            g += weight_decay * w
+            if momentum != 0.0:
+                b = g if first_step else momentum * buf[so + i] + (1.0 - dampening) * g
+                buf[so + i] = b
+                g = g + momentum * b if nesterov else b
+            store[po + i] = w - lr * g
+
+
+@njit(cache=True)
+def _adamw_kernel(store, grads, p_off, g_off, sizes, s_off, m, v, lr, beta1, beta2, eps, weight_decay,
+                  step, scale):
+    c1 = 1.0 - beta1 ** step
+    c2 = 1.0 - beta2 ** step
+    for k in range(p_off.size):
+        po, go, so = p_off[k], g_off[k], s_off[k]
+        for i in range(sizes[k]):
+            w = store[po + i] * (1.0 - lr * weight_decay)          # decoupled weight decay
+            g = grads[go + i] * scale if go >= 0 else 0.0
+            mi = beta1 * m[so + i] + (1.0 - beta1) * g
+            vi = beta2 * v[so + i] + (1.0 - beta2) * g * g
+            m[so + i] = mi
+            v[so + i] = vi
+            store[po + i] = w - lr * (mi / c1) / (math.sqrt(vi / c2) + eps)
+
+
+class Optimizer:
+    """Base class: the params, their flat state, and finding the gradients."""
+
+    kind = "Optimizer"
+
+    def __init__(self, params, lr, clip_norm):
+        params = list(params)
+        if not params:
+            raise GraphError(f"{self.kind}: needs at least one param")
+        g = None
+        for p in params:
+            if not isinstance(p, Tensor) or "param" not in p.flags:
+                label = p.label if isinstance(p, Tensor) else type(p).__name__
+                raise GraphError(f"{self.kind}: {label!r} is not a param (make trainable tensors with g.param)")
+            if g is None:
+                g = p.graph
+            elif p.graph is not g:
+                raise GraphError(f"{self.kind}: params {params[0].label!r} and {p.label!r} belong to different graphs")
+        if len({p.id for p in params}) != len(params):
+            raise GraphError(f"{self.kind}: a param is listed twice")
+        self.graph = g
+        self.params = params
+        self.lr = _positive(lr, "lr", self.kind, allow_zero=True)
+        self.clip_norm = None if clip_norm is None else _positive(clip_norm, "clip_norm", self.kind)
+        sizes = np.array([p.size for p in params], np.int64)
+        self._sizes = sizes
+        self._s_off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.n_state = int(sizes.sum())
+        self.step_count = 0
+        self.last_grad_norm = None
+
+    def _groups(self):
+        """Per backward program holding gradients: (mem, p_off, g_off, sizes, s_off)."""
+        g = self.graph
+        store_off = g.nodes.ip
+        groups = {}
+        for k, p in enumerate(self.params):
+            source = g.grads.get(p.id)
+            if source is None:
+                continue
+            program, index = source
+            n = program.grad_nodes[index]
+            if n < 0 and p.id in program._zero_grad_extra:
+                raise GraphError(f"{self.kind}: the accumulated gradient of {p.label!r} is not in a run buffer; "
+                                 "step after a plain run")
+            rows = groups.setdefault(id(program), (program, []))[1]
+            rows.append((int(store_off[p.id, 0]), int(program.off[n]) if n >= 0 else -1, k))
+        out = []
+        for program, rows in groups.values():
+            a = np.array(rows, np.int64)
+            out.append((program.mem, a[:, 0].copy(), a[:, 1].copy(), self._sizes[a[:, 2]], self._s_off[a[:, 2]]))
+        return out
+
+    def step(self):
+        """Update every param from its current gradient (W.grad)."""
+        groups = self._groups()
+        if not groups:
+            raise GraphError(f"{self.kind}.step: none of the params has a gradient yet; run a backward graph first")
+        scale = 1.0
+        if self.clip_norm is not None:
+            sq = sum(_grad_sq_norm(mem, g_off, sizes) for mem, _, g_off, sizes, _ in groups)
+            norm = math.sqrt(sq)
+            self.last_grad_norm = norm
+            if norm > self.clip_norm:
+                scale = self.clip_norm / (norm + 1e-12)
+        self.step_count += 1
+        store = self.graph.store
+        for mem, p_off, g_off, sizes, s_off in groups:
+            self._update(store, mem, p_off, g_off, sizes, s_off, scale)
+
+    # -- state --
+    def _hyper(self):
+        return {"lr": self.lr, "clip_norm": self.clip_norm}
+
+    def state_dict(self):
+        """Hyper-parameters, step count and state arrays (copies), plus the param
+        names and shapes they belong to."""
+        return {"kind": self.kind, "step": self.step_count, "hyper": self._hyper(),
+                "params": [(p.name or p.label, p.shape) for p in self.params],
+                "state": {k: a.copy() for k, a in self._state().items()}}
+
+    def load_state_dict(self, state):
+        if not isinstance(state, dict) or state.get("kind") != self.kind:
+            got = state.get("kind") if isinstance(state, dict) else type(state).__name__
+            raise GraphError(f"{self.kind}.load_state_dict: expects a {self.kind} state, got {got!r}")
+        shapes = [tuple(s) for _, s in state["params"]]
+        if shapes != [p.shape for p in self.params]:
+            raise GraphError(f"{self.kind}.load_state_dict: the state is for params of shapes {shapes}, "
+                             f"this optimizer has {[p.shape for p in self.params]}")
+        for k, a in self._state().items():
+            new = np.asarray(state["state"][k])
+            if new.shape != a.shape:
+                raise GraphError(f"{self.kind}.load_state_dict: state {k!r} has shape {new.shape}, expected {a.shape}")
+            a[...] = new
+        self.step_count = int(state["step"])
+        for k, v in state["hyper"].items():
+            setattr(self, k, v)
+
+
+def _positive(x, name, kind, allow_zero=False):
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer)) or not math.isfinite(x) \
+            or x < 0 or (x == 0 and not allow_zero):
+        raise GraphError(f"{kind}: {name} must be a {'non-negative' if allow_zero else 'positive'} number, got {x!r}")
+    return float(x)
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum and (L2) weight decay, as torch.optim.SGD:
+    g += wd*w; b = momentum*b + (1-dampening)*g (b = g on the first step); w -= lr*(g + momentum*b
+    if nesterov else b)."""
+
+    kind = "SGD"
+
+    def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+                 clip_norm=None):
+        super().__init__(params, lr, clip_norm)
+        self.momentum = _positive(momentum, "momentum", self.kind, allow_zero=True)
+        self.dampening = _positive(dampening, "dampening", self.kind, allow_zero=True)
+        self.weight_decay = _positive(weight_decay, "weight_decay", self.kind, allow_zero=True)
+        self.nesterov = bool(nesterov)
+        if self.nesterov and (self.momentum == 0 or self.dampening != 0):
+            raise GraphError("SGD: nesterov needs momentum > 0 and dampening 0")
+        self.buf = np.zeros(self.n_state, self.graph.dtype)
+
+    def _update(self, store, mem, p_off, g_off, sizes, s_off, scale):
+        _sgd_kernel(store, mem, p_off, g_off, sizes, s_off, self.buf, self.lr, self.momentum, self.dampening,
+                    self.weight_decay, self.nesterov, scale, self.step_count == 1)
+
+    def _hyper(self):
+        return dict(super()._hyper(), momentum=self.momentum, dampening=self.dampening,
+                    weight_decay=self.weight_decay, nesterov=self.nesterov)
+
+    def _state(self):
+        return {"buf": self.buf}
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW:
+    w *= 1 - lr*wd; m, v moving averages of g and g^2; w -= lr * m_hat / (sqrt(v_hat) + eps)."""
+
+    kind = "AdamW"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip_norm=None):
+        super().__init__(params, lr, clip_norm)
+        try:
+            b1, b2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
+            raise GraphError(f"AdamW: betas must be two numbers, got {betas!r}") from None
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise GraphError(f"AdamW: betas must lie in [0, 1), got {betas!r}")
+        self.betas = (b1, b2)
+        self.eps = _positive(eps, "eps", self.kind)
+        self.weight_decay = _positive(weight_decay, "weight_decay", self.kind, allow_zero=True)
+        self.m = np.zeros(self.n_state, self.graph.dtype)
+        self.v = np.zeros(self.n_state, self.graph.dtype)
+
+    def _update(self, store, mem, p_off, g_off, sizes, s_off, scale):
+        _adamw_kernel(store, mem, p_off, g_off, sizes, s_off, self.m, self.v, self.lr, self.betas[0],
+                      self.betas[1], self.eps, self.weight_decay, self.step_count, scale)
+
+    def _hyper(self):
+        return dict(super()._hyper(), betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+    def _state(self):
+        return {"m": self.m, "v": self.v}

@@ -1,0 +1,64 @@
+"""A minimal training loop: minibatches through ``bwd.run``, an optimizer step each,
+and a tqdm progress bar showing the running loss."""
+import numpy as np
+
+from .errors import GraphError
+from .graph import Tensor
+
+
+def batches(data, batch_size, shuffle=True, seed=0):
+    """Feed dicts of ``batch_size`` rows from ``data`` ({input tensor: array}, equal
+    first dims).  The last partial batch is dropped: a graph's shapes are fixed."""
+    if not data:
+        raise GraphError("batches: data must map input tensors to arrays")
+    arrays = {}
+    n = None
+    for t, a in data.items():
+        if not isinstance(t, Tensor):
+            raise GraphError(f"batches: keys must be input tensors, got {type(t).__name__}")
+        a = np.asarray(a)
+        if a.ndim == 0:
+            raise GraphError(f"batches: the array for {t.label!r} has no rows")
+        if n is None:
+            n = a.shape[0]
+        elif a.shape[0] != n:
+            raise GraphError(f"batches: arrays have different numbers of rows ({n} and {a.shape[0]} for {t.label!r})")
+        arrays[t] = a
+    if not (isinstance(batch_size, int) and 0 < batch_size <= n):
+        raise GraphError(f"batches: batch_size must be an int in [1, {n}], got {batch_size!r}")
+    idx = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    for start in range(0, n - batch_size + 1, batch_size):
+        rows = idx[start:start + batch_size]
+        yield {t: a[rows] for t, a in arrays.items()}
+
+
+def train(bwd, optimizer, data, epochs=1, batch_size=None, shuffle=True, seed=0, progress=True, desc="train"):
+    """Train for ``epochs`` passes over ``data`` ({input tensor: array}) in minibatches
+    of ``batch_size`` rows (default: the graph's input batch), reshuffled each epoch
+    from ``seed``; step k runs with dropout seed ``seed + k`` (fresh masks each step).
+    Returns the loss of every step (floats)."""
+    if batch_size is None:
+        first = next(iter(data))
+        batch_size = first.shape[0] if isinstance(first, Tensor) and first.shape else None
+    n_rows = len(next(iter(data.values())))
+    per_epoch = n_rows // batch_size if batch_size else 0
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=epochs * per_epoch, desc=desc, unit="step", leave=False)
+    losses = []
+    running = None
+    try:
+        for epoch in range(epochs):
+            for feeds in batches(data, batch_size, shuffle, seed + epoch):
+                loss = float(bwd.run(feeds, seed=seed + len(losses)))
+                optimizer.step()
+                losses.append(loss)
+                running = loss if running is None else 0.95 * running + 0.05 * loss
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+    return losses
