@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from ._hashtable import ht_get_or, ht_insert, ht_new
-from .emit import RULE_ACCUMULATE, RULE_COPY, new_node, reduce_mask_to, same_shape
+from .emit import RULE_ACCUMULATE, RULE_COPY, RULE_ZERO, new_node, reduce_mask_to, same_shape
 from .ir import F_GRAD, F_LEAF, F_PARAM, F_PARAM_GRAD, MAX_SRC
 from .ops.elementwise import ADD, COPY, NO_CONTRIBUTION, NO_RULE
 from .ops.elementwise import LAST_OP as ELEMENTWISE_LAST, vjp as elementwise_vjp
@@ -130,10 +130,13 @@ def param_gradients(G, st, params, grads):
     return out
 
 
-def differentiate(graph, order, loss_id):
+def differentiate(graph, order, loss_id, zero_table=True):
     """Run the expansion on ``graph`` for ``loss_id``; returns (params, grad nodes).
 
     Appends the seed (a const 1 shaped like the loss) and all gradient nodes.
+    ``zero_table=False`` (for teaching) starts every gradient at an explicit zero
+    const and adds every contribution to it -- the graph ggml built before its
+    zero table.
     """
     from .errors import GraphError
     from .registry import OPS
@@ -145,6 +148,14 @@ def differentiate(graph, order, loss_id):
     need = needs_grad(nodes.arrays(), nodes.n, order)
     grads = ht_new(order.size)           # at most one entry per forward node: never full
     ht_insert(grads, loss_id, seed.id)
+    if not zero_table:
+        for n in order[need[order] == 1].tolist():
+            if n != loss_id:
+                z = graph.const(np.zeros(graph.shape_of(n)))
+                nodes.flags[z.id] |= F_GRAD
+                nodes.origin[z.id] = n
+                nodes.rule[z.id] = RULE_ZERO
+                ht_insert(grads, n, z.id)
     st = np.array([nodes.n, nodes.capacity], np.int64)
     position = 0
     while True:

@@ -11,6 +11,7 @@ from .ir import MAX_DIMS, N_FP, N_IP
 
 RULE_ACCUMULATE = -2     # rule of an add summing two gradient contributions
 RULE_COPY = -3           # rule of the copy that gives a param gradient its own buffer
+RULE_ZERO = -4           # an explicit zero a gradient starts from (build_backward(zero_table=False))
 
 
 @njit(cache=True)

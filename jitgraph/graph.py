@@ -312,6 +312,32 @@ class Tensor:
         kind = ",".join(self.flags) or self.op
         return f"<Tensor {self.label!r} {self.op} shape={self.shape} {self.dtype.name} [{kind}]>"
 
+    # ---- pictures: the subgraph this tensor depends on ----
+    def _ancestry(self):
+        from .order import topo_order
+        nodes = self.graph.nodes
+        return topo_order(nodes.src, nodes.n, np.array([self.id], np.int32))[1]
+
+    def to_dot(self, max_nodes=200, legend=True, rankdir="TB"):
+        """Graphviz DOT text of everything this tensor depends on."""
+        from .viz import to_dot
+        return to_dot(self.graph, self._ancestry(), max_nodes=max_nodes, legend=legend, rankdir=rankdir,
+                      title=f"{self.label} {self.shape}")
+
+    def _repr_svg_(self):
+        from .viz import render_svg
+        return render_svg(self.to_dot(max_nodes=150))
+
+    def _repr_html_(self):
+        from .viz import describe, rich_html
+        g = self.graph
+        rows = [{"id": int(n), "name": g.names.get(int(n), ""), "describe": describe(g, int(n)),
+                 "op": OPS[int(g.nodes.op[n])].name, "shape": g.shape_of(int(n)),
+                 "bytes": int(np.prod(g.shape_of(int(n)), dtype=np.int64)) * g.dtype.itemsize,
+                 "sources": g.nodes.sources(int(n)), "flags": flag_names(int(g.nodes.flags[n]))}
+                for n in self._ancestry()]
+        return rich_html(repr(self), self.to_dot(max_nodes=150), rows, f"{len(rows)} nodes in its subgraph")
+
 
 def same_graph(what, *tensors):
     """The one graph of ``tensors``, or GraphError naming the stranger."""

@@ -108,8 +108,9 @@ def _give(fl_off, fl_size, nfree, top, off, size):
 def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
     """Plan ``order``.  ``io_nodes`` get persistent io slots (param gradients);
     ``keep_nodes`` stay alive to the end (outputs).  Returns
-    (loc, off, arena_elems, io_elems, n_in_place, free_at, free_off, free_size)
-    where free_at[t]..free_at[t+1] index the arena blocks freed after step t."""
+    (loc, off, arena_elems, io_elems, n_in_place, free_at, free_off, free_size, alloc_size)
+    where free_at[t]..free_at[t+1] index the arena blocks freed after step t and
+    alloc_size[t] is what step t took from the arena (0 for in-place and views)."""
     op, src, ndim, shape = G[0], G[1], G[2], G[3]
     ip, flags = G[4], G[6]
     m = order.size
@@ -144,6 +145,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
     free_at = np.zeros(m + 1, np.int64)
     free_off = np.empty(m, np.int64)
     free_size = np.empty(m, np.int64)
+    alloc_size = np.zeros(m, np.int64)
     nev = 0
     for t in range(m):
         n = order[t]
@@ -178,6 +180,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
                 n_in_place += 1
             else:
                 off[n], nfree, top = _take(fl_off, fl_size, nfree, top, size)
+                alloc_size[t] = size
                 if top > peak:
                     peak = top
         # free the owners whose last reader this is (once each, unless n took the buffer)
@@ -211,4 +214,4 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
         n = order[t]
         if op[n] == RESHAPE:
             off[n] = off[src[n, 0]]
-    return loc, off, peak, io, n_in_place, free_at, free_off[:nev], free_size[:nev]
+    return loc, off, peak, io, n_in_place, free_at, free_off[:nev], free_size[:nev], alloc_size

@@ -59,7 +59,7 @@ class Program:
         self.in_place = bool(in_place)
         nodes = graph.nodes
         (self.loc, self.off, arena_elems, io_elems, n_in_place,
-         self._free_at, self._free_off, self._free_size) = plan_memory(
+         self._free_at, self._free_off, self._free_size, self._alloc_size) = plan_memory(
             nodes.arrays(), nodes.n, order, np.asarray(io_nodes, np.int64),
             np.asarray([t.id for t in outputs], np.int64), self.in_place)
         self.arena_elems = int(arena_elems)
@@ -87,6 +87,14 @@ class Program:
         leaf = self.order[self.loc[self.order] == LOC_STORE]
         sizes = nodes.shape[leaf].prod(axis=1)
         return int(self.io_elems + sizes.sum()) * self.itemsize
+
+    def memory_timeline(self):
+        """Live arena bytes after each step of the execution order (from the plan)."""
+        freed = np.zeros(self.order.size, np.int64)
+        counts = np.diff(self._free_at)
+        steps = np.repeat(np.arange(self.order.size), counts)
+        np.add.at(freed, steps, self._free_size)
+        return (np.cumsum(self._alloc_size) - np.cumsum(freed)) * self.itemsize
 
     @property
     def unplanned_bytes(self):
@@ -209,7 +217,10 @@ class Program:
 
     # ---- looking at it ---------------------------------------------------------------------
     def nodes(self):
-        """One dict per node in execution order: id, name, op, shape, bytes, sources, flags, location."""
+        """One dict per node in execution order: id, name, describe (what it is; for a
+        gradient node, the forward node and rule it comes from), op, shape, bytes,
+        sources, flags, loc and offset (planned, in bytes)."""
+        from .viz import describe
         g = self.graph
         nodes = g.nodes
         rows = []
@@ -217,12 +228,53 @@ class Program:
             shape = g.shape_of(n)
             size = int(np.prod(shape, dtype=np.int64))
             rows.append({
-                "id": n, "name": g.names.get(n, ""), "op": OPS[int(nodes.op[n])].name, "shape": shape,
+                "id": n, "name": g.names.get(n, ""), "describe": describe(g, n),
+                "op": OPS[int(nodes.op[n])].name, "shape": shape,
                 "bytes": size * self.itemsize, "sources": nodes.sources(n),
                 "flags": flag_names(int(nodes.flags[n])),
                 "loc": ("arena", "store", "io")[int(self.loc[n])], "offset": int(self.off[n]) * self.itemsize,
             })
         return rows
+
+    # ---- pictures (Jupyter shows _repr_html_: the picture and a folded node table) ----
+    def to_dot(self, max_nodes=300, fold_forward=False, legend=True, rankdir="TB"):
+        """Graphviz DOT text of this program (see README, "Looking at graphs").
+
+        ``max_nodes`` caps the nodes drawn (the last ones); ``fold_forward=True``
+        draws a backward program's forward part as one box."""
+        from .viz import to_dot
+        fold = None
+        if fold_forward and hasattr(self, "forward"):
+            fold = set(self.forward.order.tolist())
+        param_of = {n: p for p, n in zip(getattr(self, "params", ()), getattr(self, "grad_nodes", ())) if n >= 0}
+        return to_dot(self.graph, self.order, max_nodes=max_nodes, fold_forward=fold, legend=legend,
+                      rankdir=rankdir, title=self._title(), param_of=param_of)
+
+    def _title(self):
+        outs = ", ".join(t.label for t in self.outputs)
+        return f"{type(self).__name__} -> {outs}"
+
+    def _summary(self):
+        st = self.stats()
+        return (f"{st['n_nodes']} nodes, arena peak {self.peak_bytes:,} B, persistent {self.persistent_bytes:,} B, "
+                f"{st['n_in_place']} in place" + (f", {st['n_recomputed']} recomputed" if st["n_recomputed"] else ""))
+
+    def _repr_svg_(self):
+        from .viz import render_svg
+        if self.order.size > 300:
+            return None          # too big for a default picture: use to_dot(max_nodes=...) or fold_forward
+        return render_svg(self.to_dot())
+
+    def _repr_html_(self):
+        from .viz import rich_html
+        big = self.order.size > 300
+        dot = self.to_dot(max_nodes=150, fold_forward=big)
+        return rich_html(self._title(), dot, self.nodes(), self._summary())
+
+    def plot_memory(self, *others, labels=None, ax=None):
+        """Live arena bytes along the execution order, beside ``others`` (matplotlib)."""
+        from .viz import plot_memory
+        return plot_memory([self, *others], labels=labels, ax=ax)
 
     def format_table(self, limit=50):
         rows = self.nodes()
@@ -345,7 +397,7 @@ class BackwardGraph(Program):
         return self.value_of(self.loss.id)
 
 
-def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_place=True):
+def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_place=True, zero_table=True):
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -362,6 +414,8 @@ def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_pl
     * tensors built inside ``jg.checkpoint(fn, ...)`` segments are recomputed.
 
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
+    ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
+    and every contribution is added (the graph the zero table avoids).
     """
     if not isinstance(fwd, ForwardGraph):
         raise GraphError(f"build_backward: expects the ForwardGraph of a loss, got {type(fwd).__name__}")
@@ -377,7 +431,7 @@ def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_pl
     g = fwd.graph
     g.nodes.flags[loss.id] |= F_LOSS
     first = g.nodes.n
-    params, grad_nodes = differentiate(g, fwd.order, loss.id)
+    params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
     end = g.nodes.n
     keep = choose_keep(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy)
     if keep is not None:
