@@ -181,7 +181,7 @@ class Trial:
     def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place):
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
-        self.roots = np.asarray([loss_id] + sorted(n for n in grad_nodes if n >= 0), np.int32)
+        self.roots = np.asarray([loss_id] + sorted(n for n in grad_nodes if n >= 0), np.int64)
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
         self.keep_out = np.asarray([loss_id], np.int64)
         self.in_place = in_place

@@ -7,6 +7,7 @@ the table and resumes the pass -- arrays are never rebound inside a hot loop.
 """
 from numba import njit
 
+from ._sigs import G as G_T, ST, i64
 from .ir import MAX_DIMS, N_FP, N_IP
 
 RULE_ACCUMULATE = -2     # rule of an add summing two gradient contributions
@@ -14,7 +15,7 @@ RULE_COPY = -3           # rule of the copy that gives a param gradient its own 
 RULE_ZERO = -4           # an explicit zero a gradient starts from (build_backward(zero_table=False))
 
 
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
 def new_node(G, st, op, s0, s1, like, flags, origin, rule):
     """Append a node with up to two sources and the shape of node ``like``; returns its id."""
     opa, src, ndim, shape, ip, fp, fl, org, rl = G
@@ -38,7 +39,7 @@ def new_node(G, st, op, s0, s1, like, flags, origin, rule):
     return n
 
 
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, i64, i64, i64), cache=True)
 def copy_node(G, st, n, flags, origin, rule):
     """Append an exact copy of node n (op, sources, shape, params) with new flags/origin."""
     opa, src, ndim, shape, ip, fp, fl, org, rl = G

@@ -316,7 +316,7 @@ class Tensor:
     def _ancestry(self):
         from .order import topo_order
         nodes = self.graph.nodes
-        return topo_order(nodes.src, nodes.n, np.array([self.id], np.int32))[1]
+        return topo_order(nodes.src, nodes.n, np.array([self.id], np.int64))[1]
 
     def to_dot(self, max_nodes=200, legend=True, rankdir="TB"):
         """Graphviz DOT text of everything this tensor depends on."""

@@ -4,17 +4,21 @@ Row ``n`` of every array describes node ``n``.  Nodes are append-only, so a
 node's sources always have smaller ids and a node id is stable for the life of
 the graph (dropout uses it as the identity of its random mask).
 
-* ``op``      int32    opcode (see ``jitgraph.ops``)
-* ``src``     int32    [n, MAX_SRC] source ids, -1 where unused
-* ``ndim``    int32    number of dimensions (0..MAX_DIMS)
+* ``op``      int64    opcode (see ``jitgraph.ops``)
+* ``src``     int64    [n, MAX_SRC] source ids, -1 where unused
+* ``ndim``    int64    number of dimensions (0..MAX_DIMS)
 * ``shape``   int64    [n, MAX_DIMS] shape, left-padded with 1s to MAX_DIMS, so
                        kernels always see four dims
 * ``ip``      int64    [n, N_IP] integer op parameters (axes masks, perms, seeds ...)
 * ``fp``      float64  [n, N_FP] float op parameters (eps, p, scale ...)
-* ``flags``   int32    bit set of F_* below
-* ``origin``  int32    for gradient / recomputed nodes: the forward node it comes
+* ``flags``   int64    bit set of F_* below
+* ``origin``  int64    for gradient / recomputed nodes: the forward node it comes
                        from (-1 otherwise)
-* ``rule``    int32    for gradient nodes: which source's rule made it (-1 otherwise)
+* ``rule``    int64    for gradient nodes: which source's rule made it (-1 otherwise)
+
+Every integer field is int64 so that values read from any of them, node ids and
+literals all have one Numba type: a helper like ``new_node`` then compiles once,
+not once per mix of int32 and int64 arguments (that cost seconds of cold start).
 
 Jitted passes receive the arrays as one tuple ``G`` (order as in ``FIELDS``) plus
 the node count; they append rows in place and return the new count.  Capacity
@@ -78,15 +82,15 @@ class NodeTable:
     def _allocate(self, cap):
         old = getattr(self, "op", None)
         new = dict(
-            op=np.zeros(cap, np.int32),
-            src=np.full((cap, MAX_SRC), -1, np.int32),
-            ndim=np.zeros(cap, np.int32),
+            op=np.zeros(cap, np.int64),
+            src=np.full((cap, MAX_SRC), -1, np.int64),
+            ndim=np.zeros(cap, np.int64),
             shape=np.ones((cap, MAX_DIMS), np.int64),
             ip=np.zeros((cap, N_IP), np.int64),
             fp=np.zeros((cap, N_FP), np.float64),
-            flags=np.zeros(cap, np.int32),
-            origin=np.full(cap, -1, np.int32),
-            rule=np.full(cap, -1, np.int32),
+            flags=np.zeros(cap, np.int64),
+            origin=np.full(cap, -1, np.int64),
+            rule=np.full(cap, -1, np.int64),
         )
         if old is not None:
             for name, arr in new.items():

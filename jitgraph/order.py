@@ -19,9 +19,9 @@ def topo_order(src, n_nodes, roots):
     (then ``order[0]`` is that id).  Sources need not have smaller ids than their
     consumers: the checkpoint rewrite points backward nodes at later-appended copies.
     """
-    order = np.empty(n_nodes, np.int32)
-    stack = np.empty(n_nodes, np.int32)       # each node is pushed at most once
-    child = np.empty(n_nodes, np.int32)       # next source slot to look at
+    order = np.empty(n_nodes, np.int64)
+    stack = np.empty(n_nodes, np.int64)       # each node is pushed at most once
+    child = np.empty(n_nodes, np.int64)       # next source slot to look at
     visited = ht_new(n_nodes)                 # sized for every node: never FULL
     count = 0
     for r in roots:

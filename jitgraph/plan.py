@@ -20,6 +20,9 @@ network always gets the same plan.
 import numpy as np
 from numba import njit
 
+from numba import types
+
+from ._sigs import ST, i64
 from .ir import LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
 from .registry import INPUT, LAST_LEAF, OPS, ELEMENTWISE
 from .ops.shape import RESHAPE
@@ -48,7 +51,7 @@ def _size(shape, n):
 
 
 # ---- the free list: blocks sorted by offset, neighbours always merged -------------------
-@njit(cache=True)
+@njit(types.UniTuple(i64, 3)(ST, ST, i64, i64, i64), cache=True)
 def _take(fl_off, fl_size, nfree, top, size):
     """Best fit of ``size``; returns (offset, nfree, top).  Without a fitting
     block, a free block touching the top is extended, else the top grows."""
@@ -74,7 +77,7 @@ def _take(fl_off, fl_size, nfree, top, size):
     return top, nfree, top + size
 
 
-@njit(cache=True)
+@njit(types.UniTuple(i64, 2)(ST, ST, i64, i64, i64, i64), cache=True)
 def _give(fl_off, fl_size, nfree, top, off, size):
     """Return a block; merges with its neighbours and gives back the top."""
     i = 0

@@ -42,7 +42,7 @@ def _output_list(outputs, what):
 
 
 def execution_order(graph, roots, what):
-    status, order = topo_order(graph.nodes.src, graph.nodes.n, np.asarray(roots, np.int32))
+    status, order = topo_order(graph.nodes.src, graph.nodes.n, np.asarray(roots, np.int64))
     if status:
         raise GraphError(f"{what}: node id {int(order[0])} is not a node of this graph")
     return order

@@ -75,11 +75,11 @@ def test_order_skips_unrelated_nodes():
 
 
 def test_topo_order_reports_bad_ids():
-    src = np.full((3, 4), -1, np.int32)
+    src = np.full((3, 4), -1, np.int64)
     src[2, 0] = 5                               # a source outside the table
-    status, order = topo_order(src, 3, np.array([2], np.int32))
+    status, order = topo_order(src, 3, np.array([2], np.int64))
     assert status == ERR_BAD_NODE and order[0] == 5
-    status, order = topo_order(src, 3, np.array([7], np.int32))
+    status, order = topo_order(src, 3, np.array([7], np.int64))
     assert status == ERR_BAD_NODE and order[0] == 7
 
 

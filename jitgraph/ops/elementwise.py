@@ -8,6 +8,7 @@ import math
 
 from numba import njit
 
+from .._sigs import G as G_T, ST, f64, i64
 from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Tensor
@@ -327,7 +328,7 @@ NO_CONTRIBUTION = -1
 NO_RULE = -2
 
 
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, f64, f64, i64, i64), cache=True)
 def _affine_node(G, st, x, a, b, n, k):
     t = new_node(G, st, AFFINE, x, -1, x, F_GRAD, n, k)
     G[5][t, 0] = a

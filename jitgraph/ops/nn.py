@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 from numba import njit
 
+from .._sigs import G as G_T, ST, f64, i64
 from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Tensor
@@ -286,12 +287,12 @@ def scatter_add_kernel(out, g, idx, v, d):
 
 
 # ---- gradient rules (see elementwise.vjp) -------------------------------------------
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
 def _node(G, st, op, a, b, like, n, k):
     return new_node(G, st, op, a, b, like, F_GRAD, n, k)
 
 
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
 def _row_reduce(G, st, op, a, like, axis, n, k):
     """sum or mean of ``a`` over padded ``axis``, keeping it as size 1."""
     t = _node(G, st, op, a, -1, like, n, k)
@@ -302,7 +303,7 @@ def _row_reduce(G, st, op, a, like, axis, n, k):
     return t
 
 
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, f64, i64, i64), cache=True)
 def _scaled(G, st, a, s, n, k):
     t = _node(G, st, AFFINE, a, -1, a, n, k)
     G[5][t, 0] = s

@@ -11,6 +11,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .._sigs import G as G_T, ST, i64
 from ..emit import new_node
 from ..errors import GraphError
 from ..graph import check_shape
@@ -207,7 +208,7 @@ def max_mask_kernel(out, x, sx, mask):
 
 
 # ---- gradient rules (see elementwise.vjp) -------------------------------------------
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
 def _masked(G, st, op, a, like, mask, n, k):
     t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
     G[4][t, 0] = mask

@@ -5,6 +5,7 @@ import numbers
 
 from numba import njit
 
+from .._sigs import G as G_T, ST, i64
 from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
@@ -188,7 +189,7 @@ def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
 
 
 # ---- gradient rules (see elementwise.vjp) -------------------------------------------
-@njit(cache=True)
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
 def _axis_node(G, st, op, a, like, axis, start, n, k):
     t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
     G[4][t, 0] = axis
