@@ -103,8 +103,7 @@ def keep_mask(graph, order, kept_ids, recompute_ids=None):
 from .ir import NodeTable  # noqa: E402
 from .ops.matmul import MATMUL  # noqa: E402
 from .ops.shape import RESHAPE  # noqa: E402
-from .order import topo_order  # noqa: E402
-from .plan import plan_memory  # noqa: E402
+from .plan import backward_orders, best_plan  # noqa: E402
 from .registry import COMPUTE, OPS  # noqa: E402
 
 FLOPS_PER_ELEMENT = np.array([info.flops_per_element for info in OPS], np.int64)
@@ -181,7 +180,7 @@ class Trial:
     def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place):
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
-        self.roots = np.asarray([loss_id] + sorted(n for n in grad_nodes if n >= 0), np.int64)
+        self.loss = loss_id
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
         self.keep_out = np.asarray([loss_id], np.int64)
         self.in_place = in_place
@@ -199,8 +198,10 @@ class Trial:
         st = np.array([self.end, scratch.capacity], np.int64)
         copies = rewrite_backward(G, st, self.first, self.end, self.is_forward, keep, self.order.size)
         n = int(st[0])
-        status, order = topo_order(G[1], n, self.roots)
-        plan = plan_memory(G, n, order, self.io, self.keep_out, self.in_place)
+        is_forward = np.zeros(n, np.uint8)
+        is_forward[: self.end] = self.is_forward
+        order, plan = best_plan(G, n, backward_orders(G, n, self.loss, self.io, is_forward), self.io,
+                                self.keep_out, self.in_place)
         flops = _copies_flops(G, order, self.end)
         return int(plan[2]) * self.graph.dtype.itemsize, int(flops), int(copies)
 
@@ -243,12 +244,19 @@ def sqrt_checkpoints(order, saved, cut, size):
 
 
 @njit(cache=True)
-def budget_dp(cand_size, cand_saved, seg_saved, seg_flops, cand_flops, tail_saved, tail_flops, budget, unit):
+def budget_dp(cand_size, cand_saved, seg_saved, seg_flops, cand_flops, tail_saved, tail_flops, budget, unit,
+              end_alive):
     """Which narrow points to keep so that every segment fits ``budget`` with the
     least recompute flops, under the model
 
-        memory while segment (i, j] is recomputed = (kept points so far) x unit
+        memory while segment (i, j] is recomputed = (kept points before j, and j itself
+                                                     if ``end_alive``) x unit
                                                   + bytes backward needs from the segment
+        memory when backward starts                = (all kept points) x unit
+
+    (whether the segment's own end point j is still alive when its recomputed
+    tensors are made depends on the execution order: in creation order it is read
+    by the segment's first backward steps and dies first -- the planner tries both);
         flops of segment (i, j] = its nodes up to the last one backward needs
                                   (what only feeds a kept point is never recomputed).
 
@@ -295,7 +303,7 @@ def budget_dp(cand_size, cand_saved, seg_saved, seg_flops, cand_flops, tail_save
         ia = 0                                 # next i for window A (i < Q[j], value prev - PF)
         ib = 0                                 # next i for window B (Q[j] <= i < j, value prev)
         for j in range(1, m + 1):
-            lo_bytes = PS[j - 1] + seg_saved[j - 1] - cand_saved[j - 1] + c * unit - budget
+            lo_bytes = PS[j - 1] + seg_saved[j - 1] - cand_saved[j - 1] + (c - 1 + end_alive) * unit - budget
             q = Q[j]
             while ia < q:
                 if prev[ia] < INF:
@@ -331,6 +339,7 @@ def budget_dp(cand_size, cand_saved, seg_saved, seg_flops, cand_flops, tail_save
                 continue
             cur[j] = val + extra[j]
             back[c, j] = arg
+            # the tail after the last kept point j is recomputed from j: every kept point is alive
             if c * unit + tail_saved + (PS[m] - PS[j]) <= budget:
                 total = cur[j] + tail_extra + (PF[tail_q] - PF[j] if tail_q > j else 0)
                 if total < best:
@@ -430,7 +439,7 @@ class Planner:
         return (points, nbytes[points].astype(np.int64), cand_saved.astype(np.int64), seg_saved.astype(np.int64),
                 seg_flops.astype(np.int64), self.flops[points].astype(np.int64), tail_saved, tail_flops)
 
-    def dp_keep(self, model_budget):
+    def dp_keep(self, model_budget, end_alive=1):
         """The DP's keep mask for a model budget, or None if the model finds none."""
         n_points = int(self.cut.sum())
         stride = max(1, -(-n_points // MAX_DP_POINTS))
@@ -438,7 +447,8 @@ class Planner:
         if points.size == 0:
             return None
         unit = int(csize.max())
-        ok, kept = budget_dp(csize, csaved, ssaved, sflops, cflops, tsaved, tflops, int(model_budget), unit)
+        ok, kept = budget_dp(csize, csaved, ssaved, sflops, cflops, tsaved, tflops, int(model_budget), unit,
+                             int(end_alive))
         if not ok:
             return None
         return self.keep(kept_ids=self.order[points[kept.astype(bool)]])
@@ -449,30 +459,37 @@ class Planner:
         if none_peak <= budget:
             return self.keep_all()
         best = None                           # (flops, keep, peak)
-        smallest = None
-        # binary search on the model's budget: a larger one keeps more, recomputes less
-        lo, hi = 0, int(budget)
-        for _ in range(24):
-            if lo > hi:
-                break
-            mid = (lo + hi) // 2
-            keep = self.dp_keep(mid)
-            if keep is None:
-                lo = mid + 1
-                continue
-            peak, flops, _ = self.trial.run(keep)
-            if smallest is None or peak < smallest:
-                smallest = peak
-            if peak <= budget:
-                if best is None or flops < best[0]:
-                    best = (flops, keep, peak)
-                lo = mid + 1
-            else:
-                hi = mid - 1
+        for end_alive in (1, 0):              # the two memory models (see budget_dp)
+            # binary search on the model's budget: a larger one keeps more, recomputes less
+            lo, hi = 0, int(budget)
+            for _ in range(24):
+                if lo > hi:
+                    break
+                mid = (lo + hi) // 2
+                keep = self.dp_keep(mid, end_alive)
+                if keep is None:
+                    lo = mid + 1
+                    continue
+                peak, flops, _ = self.trial.run(keep)
+                if peak <= budget:
+                    if best is None or flops < best[0]:
+                        best = (flops, keep, peak)
+                    lo = mid + 1
+                else:
+                    hi = mid - 1
         if best is None:
-            # the model's cheapest memory plans, and sqrt, for the error message
-            sq = self.trial.run(self.keep(kept_ids=self.sqrt()))[0]
-            floor = min(x for x in (smallest, sq, none_peak) if x is not None)
+            # nothing fitted below the budget: survey the whole range of model budgets (the
+            # model can be off either way), take a plan that fits, or name the smallest peak
+            found = [self.trial.run(self.keep(kept_ids=self.sqrt())) + (self.keep(kept_ids=self.sqrt()),)]
+            for b in np.unique(np.geomspace(1, none_peak, 32).astype(np.int64)):
+                for end_alive in (1, 0):
+                    keep = self.dp_keep(int(b), end_alive)
+                    if keep is not None:
+                        found.append(self.trial.run(keep) + (keep,))
+            fits = [f for f in found if f[0] <= budget]
+            if fits:
+                return min(fits, key=lambda f: f[1])[3]
+            floor = min(f[0] for f in found)
             raise GraphError(f"memory_budget of {budget} bytes cannot be met: the smallest planned peak "
                              f"found is {floor} bytes (without checkpointing: {none_peak} bytes)")
         return best[1]
@@ -486,11 +503,13 @@ class Planner:
         rows.append(dict(strategy="sqrt", budget=None, peak_bytes=p, recompute_flops=f, n_recomputed=c))
         lo = max(1, min(p, none_peak) // 8)
         for b in np.unique(np.geomspace(lo, none_peak, n_budgets).astype(np.int64)):
-            keep = self.dp_keep(int(b))
-            if keep is None:
-                continue
-            p, f, c = self.trial.run(keep)
-            rows.append(dict(strategy="budget", budget=int(b), peak_bytes=p, recompute_flops=f, n_recomputed=c))
+            for end_alive in (1, 0):
+                keep = self.dp_keep(int(b), end_alive)
+                if keep is None:
+                    continue
+                p, f, c = self.trial.run(keep)
+                rows.append(dict(strategy="budget", budget=int(b), peak_bytes=p, recompute_flops=f,
+                                 n_recomputed=c))
         rows.sort(key=lambda r: (r["peak_bytes"], r["recompute_flops"]))
         front, best_flops = [], None
         for r in rows:

@@ -57,3 +57,35 @@ def topo_order(src, n_nodes, roots):
                 order[count] = node
                 count += 1
     return 0, order[:count]
+
+
+@njit(cache=True)
+def backward_order(src, flags, n_nodes, loss, grad_roots, is_forward, recomputed_flag):
+    """(status, order) of a backward program: the forward part first (DFS from the
+    loss), then the backward nodes the param gradients need, in the order the
+    expansion created them -- each accumulation right after its contribution, so
+    gradient temporaries die at once (params shared by many layers) -- with
+    recomputed copies pulled in by the DFS right before their first consumer.
+    The alternative is ``topo_order`` from [loss] + gradient roots (a DFS per
+    gradient); the planner keeps whichever peaks lower."""
+    roots = np.empty(grad_roots.size + 1, np.int64)
+    roots[0] = loss
+    roots[1:] = grad_roots
+    status, needed = topo_order(src, n_nodes, roots)
+    if status:
+        return status, needed
+    mark = np.zeros(n_nodes, np.uint8)
+    count = 0
+    for t in range(needed.size):
+        n = needed[t]
+        if not is_forward[n] and not (flags[n] & recomputed_flag):
+            mark[n] = 1
+            count += 1
+    roots2 = np.empty(count + 1, np.int64)
+    roots2[0] = loss
+    k = 1
+    for n in range(n_nodes):
+        if mark[n]:
+            roots2[k] = n
+            k += 1
+    return topo_order(src, n_nodes, roots2)

@@ -218,3 +218,26 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
         if op[n] == RESHAPE:
             off[n] = off[src[n, 0]]
     return loc, off, peak, io, n_in_place, free_at, free_off[:nev], free_size[:nev], alloc_size
+
+
+def best_plan(G, n_nodes, orders, io_nodes, keep_nodes, in_place):
+    """(order, plan) of the candidate order whose plan peaks lowest (the first on ties)."""
+    best = None
+    for order in orders:
+        plan = plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place)
+        if best is None or plan[2] < best[1][2]:
+            best = (order, plan)
+    return best
+
+
+def backward_orders(G, n_nodes, loss, grad_roots, is_forward):
+    """The candidate execution orders of a backward program (see order.backward_order):
+    by creation, and a DFS per gradient root.  None if the graph is inconsistent."""
+    from .ir import F_RECOMPUTED
+    from .order import backward_order, topo_order
+    roots = np.concatenate([[loss], grad_roots]).astype(np.int64)
+    status_a, by_creation = backward_order(G[1], G[6], n_nodes, loss, grad_roots, is_forward, F_RECOMPUTED)
+    status_b, by_roots = topo_order(G[1], n_nodes, roots)
+    if status_a or status_b:
+        return None
+    return [by_creation, by_roots]

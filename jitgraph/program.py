@@ -13,7 +13,7 @@ from .ops.shape import RESHAPE
 from .ops.nn import ERR_INDEX
 from .registry import OPS
 from .order import topo_order
-from .plan import plan_memory
+from .plan import backward_orders, best_plan
 
 
 def _salt(seed):
@@ -52,22 +52,24 @@ class Program:
     """An execution order over a graph's nodes with a memory plan."""
 
     def __init__(self, graph, order, outputs, single, io_nodes=(), in_place=True):
+        """``order``: an execution order, or a list of candidate orders (the one whose
+        plan peaks lowest is kept)."""
         self.graph = graph
-        self.order = order
         self.outputs = outputs            # Tensors returned by run()
         self._single = single
         self.in_place = bool(in_place)
         nodes = graph.nodes
+        candidates = order if isinstance(order, list) else [order]
+        self.order, plan = best_plan(nodes.arrays(), nodes.n, candidates, np.asarray(io_nodes, np.int64),
+                                     np.asarray([t.id for t in outputs], np.int64), self.in_place)
         (self.loc, self.off, arena_elems, io_elems, n_in_place,
-         self._free_at, self._free_off, self._free_size, self._alloc_size) = plan_memory(
-            nodes.arrays(), nodes.n, order, np.asarray(io_nodes, np.int64),
-            np.asarray([t.id for t in outputs], np.int64), self.in_place)
+         self._free_at, self._free_off, self._free_size, self._alloc_size) = plan
         self.arena_elems = int(arena_elems)
         self.io_elems = int(io_elems)
         self.n_in_place = int(n_in_place)
         self._mem = None          # run buffer [arena | io], allocated by the first run
-        in_order = (nodes.flags[order] & F_INPUT) != 0
-        self.inputs = [int(i) for i in order[in_order]]
+        in_order = (nodes.flags[self.order] & F_INPUT) != 0
+        self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
 
     # ---- sizes --------------------------------------------------------------------
@@ -322,9 +324,14 @@ class BackwardGraph(Program):
         self.params = [int(p) for p in params]
         self.grad_nodes = [int(n) for n in grad_nodes]       # -1: the gradient is zero
         self._zero_grad_extra = {}
-        live = sorted(n for n in self.grad_nodes if n >= 0)   # nearest the loss first
-        order = execution_order(g, [self.loss.id] + live, "build_backward")
-        super().__init__(g, order, [self.loss], True, io_nodes=live, in_place=in_place)
+        live = sorted(n for n in self.grad_nodes if n >= 0)
+        nodes = g.nodes
+        is_forward = np.zeros(nodes.n, np.uint8)
+        is_forward[fwd.order] = 1
+        orders = backward_orders(nodes.arrays(), nodes.n, self.loss.id, np.asarray(live, np.int64), is_forward)
+        if orders is None:
+            raise GraphError("build_backward: the graph refers to a node outside it")
+        super().__init__(g, orders, [self.loss], True, io_nodes=live, in_place=in_place)
 
     def __repr__(self):
         return (f"<BackwardGraph {self.order.size} nodes ({self.forward.order.size} forward), "
