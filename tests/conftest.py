@@ -9,7 +9,14 @@ settings.register_profile("ci", max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("long", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("JITGRAPH_HYPOTHESIS", "ci"))
+PROFILE = os.environ.get("JITGRAPH_HYPOTHESIS", "ci")
+settings.load_profile(PROFILE)
+
+
+def examples(n):
+    """A property test's example count: n in CI, 50 n in the long profile (an explicit
+    @settings(max_examples=...) would override the profile, so tests use this)."""
+    return n if PROFILE == "ci" else 50 * n
 
 
 @pytest.fixture(params=[np.float32, np.float64], ids=["f32", "f64"])

@@ -16,7 +16,7 @@ import jitgraph as jg
 
 DIMS = (1, 2, 3, 4)
 UNARY = ("neg", "sqr", "exp", "log", "sqrt", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "scale",
-         "dropout")
+         "dropout", "copy")
 BINARY = ("add", "sub", "mul", "div")
 ROWWISE = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 REDUCE = ("sum", "mean", "max")
@@ -33,7 +33,7 @@ def programs(draw, max_steps=12, max_params=3):
         i = draw(st.integers(0, len(vals) - 1))
         a = vals[i]
         kind = draw(st.sampled_from(("unary", "unary", "binary", "binary", "matmul", "reduce", "rowwise",
-                                     "transpose", "reshape", "concat")))
+                                     "transpose", "reshape", "concat", "shape_ops", "embedding", "xent", "bmm")))
         if kind == "unary":
             prog.append((draw(st.sampled_from(UNARY)), i))
             vals.append(a)
@@ -63,7 +63,7 @@ def programs(draw, max_steps=12, max_params=3):
         elif kind == "reshape":
             prog.append(("reshape", i))
             vals.append((1, a[0] * a[1]))
-        else:
+        elif kind == "concat":
             j = draw(st.integers(0, len(vals) - 1))
             b = vals[j]
             if a[1] == b[1]:
@@ -72,6 +72,21 @@ def programs(draw, max_steps=12, max_params=3):
             else:
                 prog.append(("tanh", i))
                 vals.append(a)
+        elif kind == "shape_ops":
+            op = draw(st.sampled_from(("slice", "pad", "broadcast")))
+            prog.append((op, i))
+            vals.append(_shape_after((op, i), vals))
+        elif kind == "embedding":
+            rows = draw(st.integers(1, 4))
+            prog.append(("embedding_param", i, rows))     # rows of a new (5, a[1]) table, fixed indices
+            vals.append((rows, a[1]))
+        elif kind == "xent":
+            prog.append(("xent", i))                      # cross_entropy(a, fixed targets) as a (1, 1) value
+            vals.append((1, 1))
+        else:
+            n = draw(st.sampled_from(DIMS))
+            prog.append(("bmm_param", i, n))              # (1, m, k) @ new (2, k, n) param, summed over the batch
+            vals.append((a[0], n))
     outs = draw(st.lists(st.integers(0, len(vals) - 1), min_size=1, max_size=3, unique=True))
     return shapes, prog, outs
 
@@ -84,15 +99,38 @@ def param_values(shapes, prog, seed):
     for ins in prog:
         if ins[0] == "matmul_param":
             vals.append(rng.uniform(-1.0, 1.0, (cur[ins[1]][1], ins[2])))
+        elif ins[0] == "bmm_param":
+            vals.append(rng.uniform(-1.0, 1.0, (2, cur[ins[1]][1], ins[2])))
+        elif ins[0] == "embedding_param":
+            vals.append(rng.uniform(-1.0, 1.0, (5, cur[ins[1]][1])))
         cur.append(_shape_after(ins, cur))
     return vals
+
+
+def _indices(rows):
+    return np.arange(rows) * 3 % 5                    # fixed, with a repeat once rows > 5/gcd
+
+
+def _targets(shape):
+    t = np.linspace(0.2, 1.0, shape[0] * shape[1]).reshape(shape)
+    return t / t.sum(-1, keepdims=True)
 
 
 def _shape_after(ins, cur):
     op, i = ins[0], ins[1]
     a = cur[i]
-    if op == "matmul_param":
+    if op in ("matmul_param", "bmm_param"):
         return (a[0], ins[2])
+    if op == "embedding_param":
+        return (ins[2], a[1])
+    if op == "xent":
+        return (1, 1)
+    if op == "slice":
+        return (a[0], max(a[1] - 1, 1))
+    if op == "pad":
+        return (a[0] + 1, a[1])
+    if op == "broadcast":
+        return (3, a[1]) if a[0] == 1 else a
     if op in BINARY:
         b = cur[ins[2]]
         return tuple(max(x, y) for x, y in zip(a, b))
@@ -113,11 +151,18 @@ def loss_weights(prog_out_shapes, seed):
 
 
 # ---- jitgraph ---------------------------------------------------------------------------
-def build(shapes, prog, outs, params, weights=None, dtype=np.float64, segment=None):
+def build(shapes, prog, outs, params, weights=None, dtype=np.float64):
     """Build the program in a new graph.  Returns (graph, param tensors, values, loss)."""
     g = jg.Graph(dtype)
     ps = [g.param(v, name=f"p{k}") for k, v in enumerate(params)]
-    vals = ps[: len(shapes)]
+    vals, loss = build_into(ps, shapes, prog, outs, weights)
+    return g, ps, vals, loss
+
+
+def build_into(ps, shapes, prog, outs, weights=None):
+    """The program over existing param tensors ``ps``: (values, loss)."""
+    g = ps[0].graph
+    vals = list(ps[: len(shapes)])
     nxt = len(shapes)
     for ins in prog:
         op = ins[0]
@@ -125,6 +170,14 @@ def build(shapes, prog, outs, params, weights=None, dtype=np.float64, segment=No
         if op == "matmul_param":
             out = a @ ps[nxt]
             nxt += 1
+        elif op == "bmm_param":
+            out = jg.sum(jg.reshape(a, (1,) + a.shape) @ ps[nxt], axis=0)
+            nxt += 1
+        elif op == "embedding_param":
+            out = jg.embedding(ps[nxt], _indices(ins[2]))
+            nxt += 1
+        elif op == "xent":
+            out = jg.reshape(jg.cross_entropy(a, g.const(_targets(a.shape))), (1, 1))
         else:
             out = _jg_op(op, a, vals[ins[2]] if op in BINARY or op == "concat" else ins[2] if len(ins) > 2 else None)
         vals.append(out)
@@ -133,7 +186,7 @@ def build(shapes, prog, outs, params, weights=None, dtype=np.float64, segment=No
         v = vals[i]
         term = jg.mean(v * g.const(weights[k])) if weights is not None else jg.mean(v)
         loss = term if loss is None else loss + term
-    return g, ps, vals, loss
+    return vals, loss
 
 
 def _jg_op(op, a, b):
@@ -155,6 +208,14 @@ def _jg_op(op, a, b):
         return jg.dropout(a, 0.3, seed=11)
     if op == "transpose":
         return jg.transpose(a)
+    if op == "copy":
+        return jg.copy(a)
+    if op == "slice":
+        return jg.slice_axis(a, 1, 0, a.shape[1] - 1) if a.shape[1] > 1 else a
+    if op == "pad":
+        return jg.pad_axis(a, 0, 1, 0)
+    if op == "broadcast":
+        return jg.broadcast_to(a, (3, a.shape[1])) if a.shape[0] == 1 else a
     if op == "reshape":
         return jg.reshape(a, (1, a.size))
     if op == "concat":
@@ -178,6 +239,15 @@ def evaluate(shapes, prog, outs, params, weights, dropout_masks=None):
         if op == "matmul_param":
             out = a @ params[nxt]
             nxt += 1
+        elif op == "bmm_param":
+            out = (a[None] @ params[nxt]).sum(0)
+            nxt += 1
+        elif op == "embedding_param":
+            out = params[nxt][_indices(ins[2])]
+            nxt += 1
+        elif op == "xent":
+            e = np.exp(a - a.max(-1, keepdims=True))
+            out = np.array([[-(_targets(a.shape) * np.log(e / e.sum(-1, keepdims=True))).sum(-1).mean()]])
         elif op in BINARY:
             b = vals[ins[2]]
             out = {"add": a + b, "sub": a - b, "mul": a * b, "div": a / (b * b + 1.0)}[op]
@@ -220,6 +290,14 @@ def _np_unary(op, a):
         return -1.5 * a
     if op == "transpose":
         return a.T
+    if op == "copy":
+        return a.copy()
+    if op == "slice":
+        return a[:, : a.shape[1] - 1] if a.shape[1] > 1 else a
+    if op == "pad":
+        return np.pad(a, [(1, 0), (0, 0)])
+    if op == "broadcast":
+        return np.broadcast_to(a, (3, a.shape[1])) if a.shape[0] == 1 else a
     if op == "reshape":
         return a.reshape(1, -1)
     if op in ("softmax", "log_softmax"):
@@ -239,6 +317,25 @@ def out_shapes(shapes, prog, outs):
     for ins in prog:
         cur.append(_shape_after(ins, cur))
     return [cur[i] for i in outs]
+
+
+def as_function(program, weights):
+    """fn(*param tensors) -> loss, for jg.check_grads."""
+    shapes, prog, outs = program
+
+    def fn(*ps):
+        g = ps[0].graph
+        vals, loss = build_into(list(ps), shapes, prog, outs, None)
+        return loss if weights is None else _weighted(g, vals, outs, weights)
+    return fn
+
+
+def _weighted(g, vals, outs, weights):
+    loss = None
+    for k, i in enumerate(outs):
+        term = jg.mean(vals[i] * g.const(weights[k]))
+        loss = term if loss is None else loss + term
+    return loss
 
 
 def instance(program, seed=0, dtype=np.float64):

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg
+
+from .conftest import examples
 from jitgraph.ir import LOC_ARENA, LOC_IO, LOC_STORE
 
 from .graphgen import dropout_masks, evaluate, instance, programs
@@ -54,7 +56,7 @@ def check_no_overlap(prog):
 
 
 @given(programs(), st.integers(0, 3))
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 def test_random_programs_plan_and_run(program, seed):
     g, ps, vals, loss, params, weights = instance(program, seed)
     fwd = jg.build_forward(loss)
