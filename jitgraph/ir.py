@@ -25,7 +25,6 @@ the node count; they append rows in place and return the new count.  Capacity
 grows by doubling on the Python side, before a pass that may need it.
 """
 import numpy as np
-from numba import njit
 
 MAX_SRC = 4
 MAX_DIMS = 4
@@ -162,33 +161,3 @@ class NodeTable:
 
     def sources(self, n):
         return [int(s) for s in self.src[n] if s >= 0]
-
-
-# ---- helpers for jitted passes -------------------------------------------------
-
-@njit(cache=True, inline="always")
-def numel(shape, n):
-    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
-
-
-@njit(cache=True)
-def emit(G, n, op, s0, s1, s2, s3, shape_like, flags, origin, rule):
-    """Append node ``n`` (the caller's count) in jitted code; shape copied from
-    node ``shape_like``.  Returns n + 1.  The caller guarantees capacity."""
-    opa, src, ndim, shape, ip, fp, fl, org, rl = G
-    opa[n] = op
-    src[n, 0] = s0
-    src[n, 1] = s1
-    src[n, 2] = s2
-    src[n, 3] = s3
-    ndim[n] = ndim[shape_like]
-    for d in range(MAX_DIMS):
-        shape[n, d] = shape[shape_like, d]
-    for k in range(N_IP):
-        ip[n, k] = 0
-    for k in range(N_FP):
-        fp[n, k] = 0.0
-    fl[n] = flags
-    org[n] = origin
-    rl[n] = rule
-    return n + 1

@@ -41,20 +41,22 @@ _MAX_EXACT_INDEX = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53
 
 
 # ---- Python shape rules -----------------------------------------------------------
-def softmax(t, axis=-1):
-    t = need_tensor(t, "softmax")
+def _along_axis(code, what, t, axis):
+    t = need_tensor(t, what)
     if t.ndim == 0:
-        raise GraphError(f"softmax of {t.label!r}: needs at least 1 dim")
-    ax = normalize_axis(axis, t.ndim, f"softmax of {t.label!r}")
-    return t.graph._node(SOFTMAX, (t.id,), t.shape, ip=(ax + MAX_DIMS - t.ndim,))
+        raise GraphError(f"{what} of {t.label!r}: needs at least 1 dim")
+    ax = normalize_axis(axis, t.ndim, f"{what} of {t.label!r}")
+    return t.graph._node(code, (t.id,), t.shape, ip=(ax + MAX_DIMS - t.ndim,))
+
+
+def softmax(t, axis=-1):
+    """exp(t) / sum(exp(t)) along ``axis`` (max-shifted, so large logits are safe)."""
+    return _along_axis(SOFTMAX, "softmax", t, axis)
 
 
 def log_softmax(t, axis=-1):
-    t = need_tensor(t, "log_softmax")
-    if t.ndim == 0:
-        raise GraphError(f"log_softmax of {t.label!r}: needs at least 1 dim")
-    ax = normalize_axis(axis, t.ndim, f"log_softmax of {t.label!r}")
-    return t.graph._node(LOG_SOFTMAX, (t.id,), t.shape, ip=(ax + MAX_DIMS - t.ndim,))
+    """t - logsumexp(t) along ``axis``."""
+    return _along_axis(LOG_SOFTMAX, "log_softmax", t, axis)
 
 
 def cross_entropy(logits, target_probs):
