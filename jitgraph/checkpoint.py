@@ -81,24 +81,6 @@ def rewrite_backward(G, st, first_backward, end_backward, is_forward, keep, n_fo
     return st[0] - before
 
 
-def keep_mask(graph, order, kept_ids, recompute_ids=None):
-    """uint8 per node: 1 = backward may read it as computed in the forward pass.
-
-    Leaves are always kept.  With ``recompute_ids`` given, exactly those nodes are
-    recomputed (segments, policies); otherwise every forward node but ``kept_ids``
-    is (an explicit checkpoint list)."""
-    nodes = graph.nodes
-    keep = np.zeros(nodes.n + nodes.n // 2 + 16, np.uint8)   # room for later nodes; they are never forward
-    if recompute_ids is None:
-        keep[kept_ids] = 1
-    else:
-        keep[order] = 1
-        keep[recompute_ids] = 0
-        keep[kept_ids] = 1
-    keep[order[(nodes.flags[order] & F_LEAF) != 0]] = 1
-    return keep
-
-
 # ---- what a plan costs ----------------------------------------------------------------------
 from .ir import NodeTable  # noqa: E402
 from .ops.matmul import MATMUL  # noqa: E402

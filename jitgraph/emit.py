@@ -54,12 +54,6 @@ def copy_node(G, st, n, flags, origin, rule):
 
 
 @njit(cache=True)
-def set_dim(G, n, axis, size):
-    """Set padded dim ``axis`` of node n (after new_node copied a shape)."""
-    G[3][n, axis] = size
-
-
-@njit(cache=True)
 def same_shape(G, a, b):
     shape = G[3]
     for d in range(MAX_DIMS):

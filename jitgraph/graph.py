@@ -338,11 +338,3 @@ class Tensor:
                 for n in self._ancestry()]
         return rich_html(repr(self), self.to_dot(max_nodes=150), rows, f"{len(rows)} nodes in its subgraph")
 
-
-def same_graph(what, *tensors):
-    """The one graph of ``tensors``, or GraphError naming the stranger."""
-    g = tensors[0].graph
-    for t in tensors[1:]:
-        if t.graph is not g:
-            raise GraphError(f"{what}: {tensors[0].label!r} and {t.label!r} belong to different graphs")
-    return g

@@ -86,7 +86,7 @@ class Program:
     def persistent_bytes(self):
         """Inputs (io buffer) plus the params and consts this program reads."""
         nodes = self.graph.nodes
-        leaf = self.order[self.loc[self.order] == LOC_STORE]
+        leaf = self.order[(self.loc[self.order] == LOC_STORE) & (nodes.op[self.order] != RESHAPE)]  # views: no bytes
         sizes = nodes.shape[leaf].prod(axis=1)
         return int(self.io_elems + sizes.sum()) * self.itemsize
 

@@ -210,3 +210,11 @@ def test_million_node_chain_is_planned():
     assert fwd.peak_bytes == 64      # one 16-float slot: each op writes over its dying source
     out = fwd.run({x: np.ones(16, np.float32)})
     assert np.isfinite(out).all()
+
+
+def test_persistent_bytes_count_a_viewed_param_once():
+    g = jg.Graph(np.float32)
+    W = g.param(np.ones(6), name="W")
+    x = g.input((2, 3), name="x")
+    fwd = jg.build_forward(jg.sum(x * jg.reshape(W, (2, 3))))
+    assert fwd.persistent_bytes == 16 * 4 + 6 * 4        # x's 64-byte io slot + W's values, not W twice

@@ -88,12 +88,6 @@ def matmul_kernel(out, a, b, so, sa, sb, ta, tb):
             o += m * n
 
 
-def matmul_flops(so, sa, ta):
-    """2 m n k per batch element (Python; planners use it)."""
-    k = sa[2] if ta else sa[3]
-    return 2 * int(np.prod(so)) * int(k)
-
-
 # ---- gradient rule (see elementwise.vjp) --------------------------------------------
 @njit(cache=True)
 def vjp(G, st, n, k, g):
