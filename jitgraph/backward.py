@@ -11,7 +11,7 @@ for every rule.
 import numpy as np
 from numba import njit
 
-from ._hashtable import ht_get_or, ht_insert, ht_new
+from ._hashtable import INSERTED, hs_add, ht_get_or, ht_insert, ht_new
 from .emit import RULE_ACCUMULATE, RULE_COPY, RULE_ZERO, new_node, reduce_mask_to, same_shape
 from .ir import F_GRAD, F_LEAF, F_PARAM, F_PARAM_GRAD, MAX_SRC
 from .ops.elementwise import ADD, COPY, NO_CONTRIBUTION, NO_RULE
@@ -80,7 +80,7 @@ def _fit(G, st, c, s, n, k):
 @njit(cache=True)
 def expand_backward(G, st, order, need, grads, position):
     """Differentiate order[::-1] from ``position`` on.  Returns (status, position, node)."""
-    op, src = G[0], G[1]
+    src = G[1]
     for p in range(position, order.size):
         n = order[order.size - 1 - p]
         g = ht_get_or(grads, n, -1)
@@ -114,16 +114,13 @@ def param_gradients(G, st, params, grads):
     a view, a leaf or a node shared with another param is copied first."""
     op, flags = G[0], G[6]
     out = np.full(params.size, -1, np.int64)
+    taken = ht_new(params.size)               # gradient nodes already given to a param
     for i in range(params.size):
         p = params[i]
         g = ht_get_or(grads, p, -1)
         if g < 0:
             continue
-        shared = False
-        for j in range(i):
-            if out[j] == g:
-                shared = True
-        if shared or op[g] == RESHAPE or flags[g] & F_LEAF:
+        if hs_add(taken, g) != INSERTED or op[g] == RESHAPE or flags[g] & F_LEAF:
             g = new_node(G, st, COPY, g, -1, p, F_GRAD, p, RULE_COPY)
         flags[g] |= F_PARAM_GRAD
         out[i] = g
@@ -156,6 +153,7 @@ def differentiate(graph, order, loss_id, zero_table=True):
                 nodes.origin[z.id] = n
                 nodes.rule[z.id] = RULE_ZERO
                 ht_insert(grads, n, z.id)
+    nodes.reserve(3 * order.size)        # typical rules add ~1-3 nodes per forward node: grow once
     st = np.array([nodes.n, nodes.capacity], np.int64)
     position = 0
     while True:

@@ -182,7 +182,7 @@ class Trial:
         n = int(st[0])
         is_forward = np.zeros(n, np.uint8)
         is_forward[: self.end] = self.is_forward
-        order, plan = best_plan(G, n, backward_orders(G, n, self.loss, self.io, is_forward), self.io,
+        order, plan = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward), self.io,
                                 self.keep_out, self.in_place)
         flops = _copies_flops(G, order, self.end)
         return int(plan[2]) * self.graph.dtype.itemsize, int(flops), int(copies)

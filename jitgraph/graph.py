@@ -79,6 +79,8 @@ class Graph:
         self.params = []          # param node ids, in creation order
         self._segment_depth = 0   # > 0 while jg.checkpoint builds a segment
         self.grads = {}           # param id -> (backward program, index) that last computed its gradient
+        self.grads_owner = None   # the backward program every entry of grads points at, if one does
+        self.grads_version = 0    # bumped whenever grads changes (optimizers cache on it)
 
     # ---- nodes -----------------------------------------------------------------
     def _node(self, op, srcs, shape, ip=(), fp=(), flags=0):

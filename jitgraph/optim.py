@@ -93,9 +93,20 @@ class Optimizer:
         self.n_state = int(sizes.sum())
         self.step_count = 0
         self.last_grad_norm = None
+        self._cache = None
 
     def _groups(self):
-        """Per backward program holding gradients: (mem, p_off, g_off, sizes, s_off)."""
+        """Per backward program holding gradients: (mem, p_off, g_off, sizes, s_off).
+        Offsets are fixed by the plans, so this is rebuilt only when another backward
+        program has computed gradients since (g.grads_version)."""
+        g = self.graph
+        if self._cache is not None and self._cache[0] == g.grads_version:
+            return self._cache[1]
+        groups = self._build_groups()
+        self._cache = (g.grads_version, groups)
+        return groups
+
+    def _build_groups(self):
         g = self.graph
         store_off = g.nodes.ip
         groups = {}

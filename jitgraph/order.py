@@ -11,9 +11,10 @@ ERR_BAD_NODE = 2
 
 
 @njit(cache=True)
-def topo_order(src, n_nodes, roots):
-    """(status, order): every ancestor of ``roots`` once, each after its sources,
-    each node's unvisited sources in slot order right before it.
+def extend_order(src, n_nodes, prefix, roots):
+    """(status, order): ``prefix`` (an order already valid on its own), then every
+    ancestor of ``roots`` not in it, each after its sources, each node's unvisited
+    sources in slot order right before it (post-order DFS).
 
     status 0 is OK; ERR_BAD_NODE if a root or source id is outside [0, n_nodes)
     (then ``order[0]`` is that id).  Sources need not have smaller ids than their
@@ -24,6 +25,10 @@ def topo_order(src, n_nodes, roots):
     child = np.empty(n_nodes, np.int64)       # next source slot to look at
     visited = ht_new(n_nodes)                 # sized for every node: never FULL
     count = 0
+    for n in prefix:
+        hs_add(visited, n)
+        order[count] = n
+        count += 1
     for r in roots:
         if r < 0 or r >= n_nodes:
             order[0] = r
@@ -60,32 +65,37 @@ def topo_order(src, n_nodes, roots):
 
 
 @njit(cache=True)
-def backward_order(src, flags, n_nodes, loss, grad_roots, is_forward, recomputed_flag):
-    """(status, order) of a backward program: the forward part first (DFS from the
-    loss), then the backward nodes the param gradients need, in the order the
-    expansion created them -- each accumulation right after its contribution, so
-    gradient temporaries die at once (params shared by many layers) -- with
-    recomputed copies pulled in by the DFS right before their first consumer.
-    The alternative is ``topo_order`` from [loss] + gradient roots (a DFS per
-    gradient); the planner keeps whichever peaks lower."""
-    roots = np.empty(grad_roots.size + 1, np.int64)
-    roots[0] = loss
-    roots[1:] = grad_roots
-    status, needed = topo_order(src, n_nodes, roots)
-    if status:
-        return status, needed
+def topo_order(src, n_nodes, roots):
+    """(status, order): every ancestor of ``roots`` once, each after its sources."""
+    return extend_order(src, n_nodes, np.empty(0, np.int64), roots)
+
+
+@njit(cache=True)
+def needed_backward(src, flags, n_nodes, grad_roots, is_forward, recomputed_flag):
+    """The backward nodes (not forward, not recomputed copies) the gradient roots
+    need, ascending.  A backward node's sources are older backward nodes, forward
+    nodes or copies, and a copy's sources are older copies or forward nodes, so two
+    sweeps down the ids mark everything (no DFS needed)."""
     mark = np.zeros(n_nodes, np.uint8)
+    for r in grad_roots:
+        mark[r] = 1
+    for phase in range(2):                    # 0: backward nodes, 1: recomputed copies
+        for n in range(n_nodes - 1, -1, -1):
+            if not mark[n] or is_forward[n] or (phase == 0) == bool(flags[n] & recomputed_flag):
+                continue
+            for k in range(MAX_SRC):
+                s = src[n, k]
+                if s < 0:
+                    break
+                mark[s] = 1
     count = 0
-    for t in range(needed.size):
-        n = needed[t]
-        if not is_forward[n] and not (flags[n] & recomputed_flag):
-            mark[n] = 1
-            count += 1
-    roots2 = np.empty(count + 1, np.int64)
-    roots2[0] = loss
-    k = 1
     for n in range(n_nodes):
-        if mark[n]:
-            roots2[k] = n
+        if mark[n] and not is_forward[n] and not (flags[n] & recomputed_flag):
+            count += 1
+    out = np.empty(count, np.int64)
+    k = 0
+    for n in range(n_nodes):
+        if mark[n] and not is_forward[n] and not (flags[n] & recomputed_flag):
+            out[k] = n
             k += 1
-    return topo_order(src, n_nodes, roots2)
+    return out

@@ -114,8 +114,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
     (loc, off, arena_elems, io_elems, n_in_place, free_at, free_off, free_size, alloc_size)
     where free_at[t]..free_at[t+1] index the arena blocks freed after step t and
     alloc_size[t] is what step t took from the arena (0 for in-place and views)."""
-    op, src, ndim, shape = G[0], G[1], G[2], G[3]
-    ip, flags = G[4], G[6]
+    op, src, shape, ip = G[0], G[1], G[3], G[4]
     m = order.size
     loc = np.zeros(n_nodes, np.int8)
     off = np.zeros(n_nodes, np.int64)
@@ -230,14 +229,18 @@ def best_plan(G, n_nodes, orders, io_nodes, keep_nodes, in_place):
     return best
 
 
-def backward_orders(G, n_nodes, loss, grad_roots, is_forward):
-    """The candidate execution orders of a backward program (see order.backward_order):
-    by creation, and a DFS per gradient root.  None if the graph is inconsistent."""
+def backward_orders(G, n_nodes, fwd_order, grad_roots, is_forward):
+    """The candidate execution orders of a backward program, both starting with the
+    forward order: (1) the backward nodes the gradients need in the order the
+    expansion created them -- each accumulation right after its contribution, so
+    gradient temporaries die at once (params shared by many layers) -- and (2) a
+    DFS from each gradient root in turn.  In both, recomputed copies are pulled in
+    by the DFS right before their first consumer.  None if a node id is bad."""
     from .ir import F_RECOMPUTED
-    from .order import backward_order, topo_order
-    roots = np.concatenate([[loss], grad_roots]).astype(np.int64)
-    status_a, by_creation = backward_order(G[1], G[6], n_nodes, loss, grad_roots, is_forward, F_RECOMPUTED)
-    status_b, by_roots = topo_order(G[1], n_nodes, roots)
+    from .order import extend_order, needed_backward
+    created = needed_backward(G[1], G[6], n_nodes, grad_roots, is_forward, F_RECOMPUTED)
+    status_a, by_creation = extend_order(G[1], n_nodes, fwd_order, created)
+    status_b, by_roots = extend_order(G[1], n_nodes, fwd_order, grad_roots)
     if status_a or status_b:
         return None
     return [by_creation, by_roots]

@@ -6,7 +6,7 @@ passes return BackwardGraph (a Program whose order also holds gradient nodes).
 import numpy as np
 
 from .errors import GraphError
-from .graph import Graph, Tensor, as_numeric_array
+from .graph import Tensor, as_numeric_array
 from .interpreter import ERR_UNKNOWN_OP, run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
 from .ops.shape import RESHAPE
@@ -321,14 +321,16 @@ class BackwardGraph(Program):
         g = fwd.graph
         self.forward = fwd
         self.loss = fwd.outputs[0]
-        self.params = [int(p) for p in params]
-        self.grad_nodes = [int(n) for n in grad_nodes]       # -1: the gradient is zero
+        self.params = np.asarray(params, np.int64).tolist()
+        self.grad_nodes = np.asarray(grad_nodes, np.int64).tolist()     # -1: the gradient is zero
         self._zero_grad_extra = {}
-        live = sorted(n for n in self.grad_nodes if n >= 0)
+        self._index = None                      # param id -> position, built when first asked
+        gn = np.asarray(self.grad_nodes, np.int64)
+        live = np.sort(gn[gn >= 0])
         nodes = g.nodes
         is_forward = np.zeros(nodes.n, np.uint8)
         is_forward[fwd.order] = 1
-        orders = backward_orders(nodes.arrays(), nodes.n, self.loss.id, np.asarray(live, np.int64), is_forward)
+        orders = backward_orders(nodes.arrays(), nodes.n, fwd.order, live, is_forward)
         if orders is None:
             raise GraphError("build_backward: the graph refers to a node outside it")
         super().__init__(g, orders, [self.loss], True, io_nodes=live, in_place=in_place)
@@ -351,11 +353,13 @@ class BackwardGraph(Program):
     def _param_index(self, param, what):
         if not isinstance(param, Tensor) or param.graph is not self.graph:
             raise GraphError(f"{what}: expects a param Tensor of this graph, got {param!r}")
-        try:
-            return self.params.index(param.id)
-        except ValueError:
+        if self._index is None:
+            self._index = {p: i for i, p in enumerate(self.params)}
+        i = self._index.get(param.id)
+        if i is None:
             raise GraphError(f"{what}: {param.label!r} is not a param this backward graph "
-                             "differentiates (it is not a param, or the loss does not depend on it)") from None
+                             "differentiates (it is not a param, or the loss does not depend on it)")
+        return i
 
     def grad(self, param):
         """The gradient of ``param`` from this program's last run (a numpy array)."""
@@ -384,12 +388,19 @@ class BackwardGraph(Program):
         the current ``W.grad`` values with ``accumulate=True``.  ``seed``, ``debug``:
         see Program.run."""
         g = self.graph
+        if not accumulate:
+            self._execute(feeds, debug, seed)
+            self._zero_grad_extra.clear()
+            if g.grads_owner is not self:       # W.grad now reads this program (once per switch)
+                g.grads.update({p: (self, i) for i, p in enumerate(self.params)})
+                g.grads_owner = self
+                g.grads_version += 1
+            return self.value_of(self.loss.id)
         old = {}
-        if accumulate:
-            for p in self.params:
-                source = g.grads.get(p)
-                if source is not None:
-                    old[p] = source[0]._grad_value(source[1])
+        for p in self.params:
+            source = g.grads.get(p)
+            if source is not None:
+                old[p] = source[0]._grad_value(source[1])
         self._execute(feeds, debug, seed)
         for i, (p, n) in enumerate(zip(self.params, self.grad_nodes)):
             if p in old:
@@ -401,6 +412,8 @@ class BackwardGraph(Program):
             elif n < 0:
                 self._zero_grad_extra.pop(p, None)
             g.grads[p] = (self, i)
+        g.grads_owner = self
+        g.grads_version += 1
         return self.value_of(self.loss.id)
 
 

@@ -1,13 +1,8 @@
 """The same program and feeds give bit-identical results across processes."""
-import hashlib
 import os
 import pathlib
 import subprocess
 import sys
-
-import numpy as np
-
-import jitgraph as jg
 
 ROOT = pathlib.Path(__file__).parent.parent
 

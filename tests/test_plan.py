@@ -2,7 +2,6 @@
 import tracemalloc
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg

@@ -209,3 +209,23 @@ def test_cli_demo_small(capsys):
     assert main(["demo", "--epochs", "1", "--depth", "2", "--width", "8", "--no-progress"]) == 0
     assert "bit-identical: yes" in capsys.readouterr().out
     assert main(["tour"]) == 0
+
+
+def test_grads_and_steps_follow_the_backward_program_that_ran_last():
+    g = jg.Graph(np.float64)
+    W = g.param(np.array([1.0, 2.0]), name="W")
+    b1 = jg.build_backward(jg.build_forward(jg.sum(W * 3.0)))        # dW = 3
+    b2 = jg.build_backward(jg.build_forward(jg.sum(jg.sqr(W))))      # dW = 2W
+    opt = jg.optim.SGD([W], lr=0.1)
+    b1.run()
+    np.testing.assert_allclose(W.grad, [3.0, 3.0])
+    opt.step()
+    np.testing.assert_allclose(W.value, [0.7, 1.7])
+    b2.run()
+    np.testing.assert_allclose(W.grad, [1.4, 3.4])                   # the cache of b1's offsets is not reused
+    opt.step()
+    np.testing.assert_allclose(W.value, [0.7 - 0.14, 1.7 - 0.34])
+    b1.run()
+    opt.step()
+    np.testing.assert_allclose(W.value, [0.56 - 0.3, 1.36 - 0.3])
+    np.testing.assert_allclose(b2.grad(W), [1.4, 3.4])              # b2's own buffer still holds its result
