@@ -1,7 +1,6 @@
-"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``."""
+"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph bench``."""
 import argparse
 import sys
-import time
 
 import numpy as np
 
@@ -9,6 +8,11 @@ import numpy as np
 def demo(args):
     from .demo import main as run_demo
     return run_demo(args)
+
+
+def bench(args):
+    from .bench import run
+    return run(args)
 
 
 def tour(args):
@@ -42,6 +46,13 @@ def main(argv=None):
     p = sub.add_parser("tour", help="build a small graph, run it, print its node table and result")
     p.add_argument("--batch", type=int, default=4)
     p.set_defaults(func=tour)
+    p = sub.add_parser("bench", help="time named workloads against numpy and PyTorch eager; "
+                                     "writes JSON, markdown and plots",
+                       description="Time named workloads (a-f, see jitgraph/bench.py) against numpy and "
+                                   "PyTorch eager; write results.json, results.md and plots to --out.")
+    from .bench import add_arguments as bench_arguments
+    bench_arguments(p)
+    p.set_defaults(func=bench)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -57,11 +57,11 @@ import time
 
 import numpy as np
 
-import jitgraph as jg
+from jitgraph.bench import build_phases, chain_weights
 
 # perf/ first on the path, so `common` is found however this script is launched
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import minor_page_faults, print_environment, print_table, time_alternating  # noqa: E402
+from common import print_environment, print_table, time_alternating  # noqa: E402
 
 D = B = 64
 BUILD_REPEATS = 5
@@ -74,44 +74,15 @@ TINY_RMS = 1e-30               # activations below this count as underflowed
 
 # ---- data -------------------------------------------------------------------------------
 
-def make_weights(n, xb, rng):
-    """n float32 (D, D) weights, He-scaled, each rescaled so relu(h @ W) keeps the RMS
-    of h on this batch (relu is positively homogeneous, so scaling W scales h).  The
-    chain for a smaller N is a prefix of this one."""
-    h = xb.astype(np.float64)
-    rms0 = np.sqrt(np.mean(h * h))
-    weights = []
-    for _ in range(n):
-        W = rng.standard_normal((D, D)) * np.sqrt(2.0 / D)
-        a = np.maximum(h @ W, 0.0)
-        W = (W * (rms0 / np.sqrt(np.mean(a * a)))).astype(np.float32)
-        weights.append(W)
-        h = np.maximum(h @ W.astype(np.float64), 0.0)   # follow the float32 weights
-    return weights
-
-
 # ---- the two contenders -------------------------------------------------------------------
 
 def build_chain(weights):
     """Build the chain and its backward graph; returns (x, params, bwd, phase seconds,
-    page faults during build_backward)."""
-    g = jg.Graph(np.float32)
-    x = g.input((B, D), name="x")
-    t0 = time.perf_counter()
-    params = [g.param(w) for w in weights]
-    t1 = time.perf_counter()
-    h = x
-    for W in params:
-        h = jg.relu(h @ W)
-    loss = jg.mean(h)
-    t2 = time.perf_counter()
-    fwd = jg.build_forward(loss)
-    f3 = minor_page_faults()
-    t3 = time.perf_counter()
-    bwd = jg.build_backward(fwd)
-    t4 = time.perf_counter()
-    faults = None if f3 is None else minor_page_faults() - f3
-    return x, params, bwd, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), faults
+    page faults during build_backward) -- jitgraph.bench times the phases."""
+    built = {}
+    ph = build_phases(weights, (B, D), keep=built)
+    phases = (ph["params"], ph["ops"], ph["build_forward"], ph["build_backward"])
+    return built["x"], built["params"], built["bwd"], phases, ph["faults"]
 
 
 def numpy_fwd_bwd(xb, weights):
@@ -229,7 +200,7 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     xb = rng.standard_normal((B, D)).astype(np.float32)
-    all_weights = make_weights(max(ns), xb, rng)
+    all_weights = chain_weights(max(ns), D, xb, rng)   # RMS-preserving: see jitgraph.bench
 
     # First call of the pipeline in this process, on a 3-layer chain: loads (or
     # compiles) every jitted pass and the interpreter.  Reported, in no figure below.

@@ -65,6 +65,7 @@ import numpy as np
 
 import jitgraph as jg
 # Not re-exported by jitgraph: the FLOP model bwd.stats()'s recompute_flops uses.
+from jitgraph.bench import chain_weights
 from jitgraph.checkpoint import total_flops
 
 # perf/ first on the path, so `common` is found however this script is launched
@@ -87,24 +88,6 @@ Model = namedtuple("Model", "feeds params loss outs")
 
 
 # ---- workloads ----------------------------------------------------------------------------
-
-def chain_weights(n, xb, rng):
-    """n float32 (D, D) weights, He-scaled, each rescaled so relu(h @ W) keeps the RMS
-    of h on this batch (relu is positively homogeneous, so scaling W scales h).  Plain
-    He scaling lets the RMS drift by ~1/D a layer: after 1,000 layers the gradients
-    would be tiny and the bit-identity check less telling."""
-    d = xb.shape[1]
-    h = xb.astype(np.float64)
-    rms0 = np.sqrt(np.mean(h * h))
-    weights = []
-    for _ in range(n):
-        W = rng.standard_normal((d, d)) * np.sqrt(2.0 / d)
-        a = np.maximum(h @ W, 0.0)
-        W = (W * (rms0 / np.sqrt(np.mean(a * a)))).astype(np.float32)
-        weights.append(W)
-        h = np.maximum(h @ W.astype(np.float64), 0.0)   # follow the float32 weights
-    return weights
-
 
 def chain_builder(weights, xb):
     def build():
@@ -360,7 +343,7 @@ def warm_up():
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
     xb = rng.standard_normal((8, CHAIN_D)).astype(np.float32)
-    for build in (chain_builder(chain_weights(4, xb, rng), xb), blocks_builder(2, dropout=True, B=2, T=4)):
+    for build in (chain_builder(chain_weights(4, xb.shape[1], xb, rng), xb), blocks_builder(2, dropout=True, B=2, T=4)):
         none_peak = None
         for name in STRATEGIES:
             model, bwd, _ = build_strategy(build, name, none_peak, 1)
@@ -394,7 +377,7 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     xb = rng.standard_normal((CHAIN_B, CHAIN_D)).astype(np.float32)
-    weights = chain_weights(max(chain_ns), xb, rng)
+    weights = chain_weights(max(chain_ns), xb.shape[1], xb, rng)
     workloads = [(f"chain N={n:,}", f"N-layer relu chain, N = {n:,}, B = {CHAIN_B}, D = {CHAIN_D}",
                   chain_builder(weights[:n], xb)) for n in chain_ns]
     for L in block_ls:

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from jitgraph.bench import cpu_model  # noqa: F401  (one place for the machine report)
+
 
 # ---- timing -------------------------------------------------------------------------------
 
@@ -116,17 +118,6 @@ def cpu_count():
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown model"
 
 
 def numpy_build_blas():

@@ -1,0 +1,74 @@
+"""`jitgraph bench --quick` on a tiny subset of workloads writes its results files.
+
+Runs in a subprocess: the benchmark sets torch's and BLAS's thread counts, which
+must not leak into the test process.  Timings are never asserted.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_bench(out, block_torch):
+    # sys.modules["torch"] = None makes `import torch` raise ImportError: the
+    # machine without torch, even where it is installed
+    code = ("import sys\n"
+            + ("sys.modules['torch'] = None\n" if block_torch else "")
+            + "from jitgraph.cli import main\n"
+            f"sys.exit(main(['bench', '--quick', '--only', 'a,d', '--out', {str(out)!r}, '--no-progress']))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "results.json") as f:
+        report = json.load(f)
+    with open(out / "results.md") as f:
+        md = f.read()
+    return report, md
+
+
+def check_common(report, md, out):
+    assert set(report["results"]) == {"a", "d"}
+    for key in ("command", "env", "results", "targets", "repeats"):
+        assert key in report
+    env = report["env"]
+    for key in ("cpu_model", "cpu_count", "threads", "versions", "env_vars", "blas", "threadpools"):
+        assert key in env
+    assert "OPENBLAS_CORETYPE" in env["env_vars"] and "OPENBLAS_L2_SIZE" in env["env_vars"]
+    assert {"numpy", "numba", "scipy", "jitgraph"} <= set(env["versions"])
+
+    a = report["results"]["a"]
+    assert {"jitgraph", "numpy"} <= set(a["timing"]["contenders"])
+    assert len(a["timing"]["contenders"]["jitgraph"]["samples_s"]) >= 5
+    assert "jitgraph/numpy" in a["timing"]["ratios"]
+    assert a["agreement"]["numpy"]["ok"]
+    d = report["results"]["d"]
+    assert {"params", "ops", "build_forward", "build_backward", "total"} <= set(d["median_s"])
+
+    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "d", "f", "f"]
+    assert "## Targets" in md and "(a) tiny-op chain" in md and "## Environment" in md
+    assert (out / "a.png").stat().st_size > 0 and (out / "d.png").stat().st_size > 0
+
+
+def test_bench_quick_without_torch(tmp_path):
+    report, md = run_bench(tmp_path, block_torch=True)
+    check_common(report, md, tmp_path)
+    a = report["results"]["a"]
+    assert "torch" not in a["timing"]["contenders"]
+    assert report["env"]["versions"]["torch"] is None
+    assert next(t for t in report["targets"] if t["workload"] == "a")["note"] == "torch not available"
+
+
+def test_bench_quick_with_torch(tmp_path):
+    if importlib.util.find_spec("torch") is None:      # found without importing it here
+        pytest.skip("torch is not installed")
+    report, md = run_bench(tmp_path, block_torch=False)
+    check_common(report, md, tmp_path)
+    a = report["results"]["a"]
+    assert "torch" in a["timing"]["contenders"] and "jitgraph/torch" in a["timing"]["ratios"]
+    assert a["agreement"]["torch"]["ok"]
+    assert "torch" in report["env"]["blas"]
