@@ -135,12 +135,20 @@ def test_memory_timeline_and_plots(tmp_path):
     assert (tmp_path / "m.png").stat().st_size > 1000
 
 
-@pytest.mark.skipif(os.environ.get("JITGRAPH_REQUIRE_DOT") != "1" and shutil.which("dot") is None,
-                    reason="needs Graphviz's dot (CI installs it and sets JITGRAPH_REQUIRE_DOT=1)")
 def test_every_picture_is_valid_dot():
+    """With Graphviz's dot (CI installs it and sets JITGRAPH_REQUIRE_DOT=1), every
+    picture renders; without it, pictures degrade to None and the DOT text is at least
+    well-formed."""
     import graphviz
+    have_dot = shutil.which("dot") is not None
+    if os.environ.get("JITGRAPH_REQUIRE_DOT") == "1":
+        assert have_dot, "JITGRAPH_REQUIRE_DOT=1 but Graphviz's dot is not on PATH"
     g, x, loss, hs, Ws = chain(5, B=2, D=2)
     fwd = jg.build_forward(loss)
     for dot in (fwd.to_dot(), jg.build_backward(fwd, checkpoints="sqrt").to_dot(fold_forward=True),
                 hs[2].to_dot(), jg.build_backward(jg.build_forward(chain(3)[2]), zero_table=False).to_dot()):
-        graphviz.Source(dot).pipe(format="svg")                   # raises on a syntax error
+        assert dot.startswith("digraph ") and dot.rstrip().endswith("}") and dot.count("{") == dot.count("}")
+        if have_dot:
+            graphviz.Source(dot).pipe(format="svg")              # raises on a syntax error
+        else:
+            assert viz.render_svg(dot) is None
