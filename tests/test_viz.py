@@ -3,7 +3,6 @@ import os
 import shutil
 
 import numpy as np
-import pytest
 
 import jitgraph as jg
 import jitgraph.viz as viz
