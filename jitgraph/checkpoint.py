@@ -21,7 +21,12 @@ from numba import njit
 
 from ._hashtable import ht_get_or, ht_insert, ht_new
 from .emit import copy_node
-from .ir import F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, MAX_SRC
+from .errors import GraphError
+from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC, NodeTable
+from .ops.matmul import MATMUL
+from .ops.shape import RESHAPE
+from .plan import backward_orders, best_plan
+from .registry import COMPUTE, OPS
 
 
 @njit(cache=True)
@@ -82,11 +87,6 @@ def rewrite_backward(G, st, first_backward, end_backward, is_forward, keep, n_fo
 
 
 # ---- what a plan costs ----------------------------------------------------------------------
-from .ir import NodeTable  # noqa: E402
-from .ops.matmul import MATMUL  # noqa: E402
-from .ops.shape import RESHAPE  # noqa: E402
-from .plan import backward_orders, best_plan  # noqa: E402
-from .registry import COMPUTE, OPS  # noqa: E402
 
 FLOPS_PER_ELEMENT = np.array([info.flops_per_element for info in OPS], np.int64)
 IS_COMPUTE_BOUND = np.array([info.cost == COMPUTE for info in OPS], np.uint8)
@@ -340,8 +340,6 @@ def budget_dp(cand_size, cand_saved, seg_saved, seg_flops, cand_flops, tail_save
 
 
 # ---- the strategies ---------------------------------------------------------------------------
-from .errors import GraphError  # noqa: E402
-from .ir import F_CHECKPOINT, F_SEGMENT  # noqa: E402
 
 MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow point
 
