@@ -71,7 +71,8 @@ class Ctx:
     note: Callable[[str], None]
 
 
-def _sample(fn, calls):
+def time_calls(fn, calls):
+    """Seconds per call of ``calls`` back-to-back calls of fn (the perf scripts share it)."""
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -90,7 +91,7 @@ def interleaved(ctx, fns):
     for name in names:
         # each contender gets its own call count, so a fast one is not timed on a single
         # call just because a slow one is in the same table
-        t = min(_sample(fns[name], 1) for _ in range(3))
+        t = min(time_calls(fns[name], 1) for _ in range(3))
         calls[name] = max(1, math.ceil(ctx.min_sample_s / max(t, 1e-9)))
     samples = {name: [] for name in names}
     for r in range(ctx.repeats):
@@ -103,7 +104,7 @@ def interleaved(ctx, fns):
                 # measured up to 2x slower here (that contender's BLAS threads still
                 # spinning, its data in the caches); it is not this contender's speed
                 fns[name]()
-                samples[name].append(_sample(fns[name], calls[name]))
+                samples[name].append(time_calls(fns[name], calls[name]))
         finally:
             gc.enable()
     return samples, calls

@@ -7,27 +7,19 @@ directory first on sys.path, so it works however they are launched
 import os
 import platform
 import statistics
-import time
 
 import numpy as np
 
-from jitgraph.bench import cpu_model  # noqa: F401  (one place for the machine report)
+from jitgraph.bench import cpu_model, time_calls  # noqa: F401  (cpu_model: one place for the machine report)
 
 
 # ---- timing -------------------------------------------------------------------------------
-
-def _time_once(fn, inner):
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
 
 def _inner_count(fns, min_sample_s):
     """Calls per sample so the slowest contender's sample lasts >= min_sample_s
     (keeps timer resolution and per-sample jitter out of fast figures)."""
     # best of 3 single calls, so one stray slow call does not shrink the count
-    slowest = max(min(_time_once(fn, 1) for _ in range(3)) for fn in fns)
+    slowest = max(min(time_calls(fn, 1) for _ in range(3)) for fn in fns)
     return max(1, int(np.ceil(min_sample_s / max(slowest, 1e-9))))
 
 
@@ -43,7 +35,7 @@ def time_alternating(fns, repeats, min_sample_s):
         # swap who goes first on alternate repeats so neither is always second
         idx = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in idx:
-            samples[i].append(_time_once(fns[i], inner))
+            samples[i].append(time_calls(fns[i], inner))
     return [statistics.median(s) for s in samples], inner
 
 
