@@ -22,7 +22,7 @@ from numba import njit
 from ._hashtable import ht_get_or, ht_insert, ht_new
 from .emit import copy_node
 from .errors import GraphError
-from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC, NodeTable
+from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC
 from .ops.matmul import MATMUL
 from .ops.shape import RESHAPE
 from .plan import backward_orders, best_plan
@@ -162,7 +162,6 @@ class Trial:
     def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place):
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
-        self.loss = loss_id
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
         self.keep_out = np.asarray([loss_id], np.int64)
         self.in_place = in_place
@@ -172,10 +171,7 @@ class Trial:
     def run(self, keep):
         """(peak arena bytes, recompute flops, copies) of the plan that keeps ``keep``."""
         nodes = self.graph.nodes
-        scratch = NodeTable(self.end + self.order.size + 16)
-        for name in ("op", "src", "ndim", "shape", "ip", "fp", "flags", "origin", "rule"):
-            getattr(scratch, name)[: self.end] = getattr(nodes, name)[: self.end]
-        scratch.n = self.end
+        scratch = nodes.copy(self.end + self.order.size + 16, rows=self.end)   # room: a copy per forward node
         G = scratch.arrays()
         st = np.array([self.end, scratch.capacity], np.int64)
         copies = rewrite_backward(G, st, self.first, self.end, self.is_forward, keep, self.order.size)
@@ -184,17 +180,8 @@ class Trial:
         is_forward[: self.end] = self.is_forward
         order, plan = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward), self.io,
                                 self.keep_out, self.in_place)
-        flops = _copies_flops(G, order, self.end)
+        flops = total_flops(G, order[order >= self.end])       # the recomputed copies
         return int(plan[2]) * self.graph.dtype.itemsize, int(flops), int(copies)
-
-
-@njit(cache=True)
-def _copies_flops(G, order, first_copy):
-    total = 0
-    for t in range(order.size):
-        if order[t] >= first_copy:
-            total += node_flops(G, order[t])
-    return total
 
 
 # ---- choosing what to keep --------------------------------------------------------------------

@@ -132,10 +132,8 @@ class Graph:
     def scratch_copy(self):
         """A graph with a copy of the node table and the same values, for planning
         experiments that must not touch this graph."""
-        other = Graph(self.dtype, capacity=max(self.nodes.n, 16))
-        for name in ("op", "src", "ndim", "shape", "ip", "fp", "flags", "origin", "rule"):
-            getattr(other.nodes, name)[: self.nodes.n] = getattr(self.nodes, name)[: self.nodes.n]
-        other.nodes.n = self.nodes.n
+        other = Graph(self.dtype)
+        other.nodes = self.nodes.copy()
         other.shapes = dict(self.shapes)
         other._store, other._packed = self.store, self.store_used
         other.store_used = self.store_used

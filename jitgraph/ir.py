@@ -106,6 +106,16 @@ class NodeTable:
         self._m_fp = memoryview(self.fp.reshape(-1))
         self._m_flags = memoryview(self.flags)
 
+    def copy(self, capacity=None, rows=None):
+        """A table holding this one's first ``rows`` nodes (default: all), with room
+        for ``capacity`` in all."""
+        rows = self.n if rows is None else rows
+        other = NodeTable(max(capacity or 0, rows, 16))
+        for name in FIELDS:
+            getattr(other, name)[:rows] = getattr(self, name)[:rows]
+        other.n = rows
+        return other
+
     def reserve(self, extra):
         """Make room for ``extra`` more nodes (doubling)."""
         need = self.n + int(extra)
