@@ -4,43 +4,42 @@ One pass over the forward order in reverse appends gradient nodes to the same
 node table.  Gradients live in a hash map node -> gradient node.  The first
 contribution to a node's gradient is *set*; only a second one creates an add
 (ggml's add-or-set with its zero table), so the backward graph never holds a
-``g + 0``.  Rules (``vjp`` in each op family) give a contribution in the
-consumer's broadcast shape; this pass sums it down to the source's shape, once,
-for every rule.
+``g + 0``.  Each op's rule (its ``vjp``, called through the rule table, see
+native.py) gives a contribution in the consumer's broadcast shape; this pass sums
+it down to the source's shape, once, for every rule.
 """
 import numpy as np
 from numba import njit
 
+from . import compiler
+from .compiler import MISSING, SKIP
 from ._hashtable import INSERTED, hs_add, ht_get_or, ht_insert, ht_new
 from .emit import RULE_ACCUMULATE, RULE_COPY, RULE_ZERO, new_node, reduce_mask_to, same_shape
+from .errors import GraphError
+from .graph import Graph
 from .ir import F_GRAD, F_LEAF, F_PARAM, F_PARAM_GRAD, MAX_SRC
-from .ops.elementwise import ADD, COPY, NO_CONTRIBUTION, NO_RULE
-from .ops.elementwise import LAST_OP as ELEMENTWISE_LAST, vjp as elementwise_vjp
-from .ops.matmul import LAST_OP as MATMUL_LAST, vjp as matmul_vjp
-from .ops.nn import LAST_OP as NN_LAST, vjp as nn_vjp
+from .native import call_rule, data_pointer, rule_context
+from .ops.binary import ADD
 from .ops.reduce import SUM
-from .ops.reduce import LAST_OP as REDUCE_LAST, vjp as reduce_vjp
 from .ops.shape import RESHAPE
-from .ops.shape import LAST_OP as SHAPE_LAST, vjp as shape_vjp
+from .ops.unary import COPY
+from .registry import OPS
+from .status import ERR_NO_RULE, NEED_SPACE, NO_CONTRIBUTION, NO_RULE, OK
 
-OK = 0
-NEED_SPACE = 1          # the node table is full: grow it and call again from ``position``
-ERR_NO_RULE = 2         # an op without a gradient rule needs one (``node`` says which)
 MAX_NODES_PER_STEP = 64  # worst case appended while differentiating one node (rules + adds)
 
 
 @njit(cache=True)
 def needs_grad(G, n_nodes, order):
     """1 for params and for every node that depends on one; consts and inputs never."""
-    src, flags = G[1], G[6]
     need = np.zeros(n_nodes, np.uint8)
     for t in range(order.size):
         n = order[t]
-        if flags[n] & F_PARAM:
+        if G.flags[n] & F_PARAM:
             need[n] = 1
-        elif not flags[n] & F_LEAF:
+        elif not G.flags[n] & F_LEAF:
             for k in range(MAX_SRC):
-                s = src[n, k]
+                s = G.src[n, k]
                 if s < 0:
                     break
                 if need[s]:
@@ -50,19 +49,14 @@ def needs_grad(G, n_nodes, order):
 
 
 @njit(cache=True)
-def _vjp(G, st, n, k, g):
-    code = G[0][n]                       # families hold consecutive opcodes, in import order
-    if code <= ELEMENTWISE_LAST:
-        return elementwise_vjp(G, st, n, k, g)
-    if code <= REDUCE_LAST:
-        return reduce_vjp(G, st, n, k, g)
-    if code <= SHAPE_LAST:
-        return shape_vjp(G, st, n, k, g)
-    if code <= MATMUL_LAST:
-        return matmul_vjp(G, st, n, k, g)
-    if code <= NN_LAST:
-        return nn_vjp(G, st, n, k, g)
-    return NO_RULE
+def vjp(G, st, rules, ctx_p, n, k, g):
+    """Node n's rule for source slot k, given n's gradient g."""
+    fn = rules[G.op[n]]
+    if fn == SKIP:
+        return NO_CONTRIBUTION
+    if fn == MISSING:
+        return NO_RULE
+    return call_rule(fn, n, k, g, ctx_p)
 
 
 @njit(cache=True)
@@ -70,31 +64,32 @@ def _fit(G, st, c, s, n, k):
     """Contribution c brought to source s's shape: summed over broadcast axes."""
     if not same_shape(G, c, s):
         t = new_node(G, st, SUM, c, -1, s, F_GRAD, n, k)
-        G[4][t, 0] = reduce_mask_to(G, c, s)
+        G.ip[t, 0] = reduce_mask_to(G, c, s)
         return t
-    if G[2][c] != G[2][s]:               # same layout, other rank: a free view
+    if G.ndim[c] != G.ndim[s]:           # same layout, other rank: a free view
         return new_node(G, st, RESHAPE, c, -1, s, F_GRAD, n, k)
     return c
 
 
 @njit(cache=True)
-def expand_backward(G, st, order, need, grads, position):
+def expand_backward(G, st, order, need, grads, position, rules):
     """Differentiate order[::-1] from ``position`` on.  Returns (status, position, node)."""
-    src = G[1]
+    ctx = rule_context(G, st)
+    ctx_p = data_pointer(ctx)
     for p in range(position, order.size):
         n = order[order.size - 1 - p]
         g = ht_get_or(grads, n, -1)
-        if g < 0 or G[6][n] & F_LEAF:
+        if g < 0 or G.flags[n] & F_LEAF:
             continue
         if st[0] + MAX_NODES_PER_STEP > st[1]:
             return NEED_SPACE, p, n
         for k in range(MAX_SRC):
-            s = src[n, k]
+            s = G.src[n, k]
             if s < 0:
                 break
             if not need[s]:
                 continue
-            c = _vjp(G, st, n, k, g)
+            c = vjp(G, st, rules, ctx_p, n, k, g)
             if c == NO_RULE:
                 return ERR_NO_RULE, p, n
             if c == NO_CONTRIBUTION:
@@ -112,7 +107,6 @@ def expand_backward(G, st, order, need, grads, position):
 def param_gradients(G, st, params, grads):
     """The gradient node of each param (-1: zero), each with a buffer of its own:
     a view, a leaf or a node shared with another param is copied first."""
-    op, flags = G[0], G[6]
     out = np.full(params.size, -1, np.int64)
     taken = ht_new(params.size)               # gradient nodes already given to a param
     for i in range(params.size):
@@ -120,14 +114,14 @@ def param_gradients(G, st, params, grads):
         g = ht_get_or(grads, p, -1)
         if g < 0:
             continue
-        if hs_add(taken, g) != INSERTED or op[g] == RESHAPE or flags[g] & F_LEAF:
+        if hs_add(taken, g) != INSERTED or G.op[g] == RESHAPE or G.flags[g] & F_LEAF:
             g = new_node(G, st, COPY, g, -1, p, F_GRAD, p, RULE_COPY)
-        flags[g] |= F_PARAM_GRAD
+        G.flags[g] |= F_PARAM_GRAD
         out[i] = g
     return out
 
 
-def differentiate(graph, order, loss_id, zero_table=True):
+def differentiate(graph: Graph, order: np.ndarray, loss_id: int, zero_table: bool = True):
     """Run the expansion on ``graph`` for ``loss_id``; returns (params, grad nodes).
 
     Appends the seed (a const 1 shaped like the loss) and all gradient nodes.
@@ -135,9 +129,6 @@ def differentiate(graph, order, loss_id, zero_table=True):
     const and adds every contribution to it -- the graph ggml built before its
     zero table.
     """
-    from .errors import GraphError
-    from .registry import OPS
-
     nodes = graph.nodes
     seed = graph.const(np.ones(graph.shape_of(loss_id)))
     nodes.flags[seed.id] |= F_GRAD
@@ -153,11 +144,12 @@ def differentiate(graph, order, loss_id, zero_table=True):
                 nodes.origin[z.id] = n
                 nodes.rule[z.id] = RULE_ZERO
                 ht_insert(grads, n, z.id)
+    rules = compiler.rules(nodes.op[order])
     nodes.reserve(3 * order.size)        # typical rules add ~1-3 nodes per forward node: grow once
     st = np.array([nodes.n, nodes.capacity], np.int64)
     position = 0
     while True:
-        status, position, node = expand_backward(nodes.arrays(), st, order, need, grads, position)
+        status, position, node = expand_backward(nodes.arrays(), st, order, need, grads, position, rules)
         nodes.n = int(st[0])
         if status == OK:
             break

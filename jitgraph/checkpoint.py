@@ -16,17 +16,20 @@ Every strategy -- an explicit checkpoint list, ``jg.checkpoint`` segments,
 ``"sqrt"``, ``policy="save_matmuls"``, ``memory_budget`` -- only decides the
 keep mask handed to this one rewrite.
 """
+from typing import Any, Callable, List, Optional
+
 import numpy as np
 from numba import njit
 
+from . import registry
 from ._hashtable import ht_get_or, ht_insert, ht_new
+from .cost import analyze_forward, compute_bound, total_flops
 from .emit import copy_node
 from .errors import GraphError
+from .graph import Graph, Tensor
 from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC
-from .ops.matmul import MATMUL
-from .ops.shape import RESHAPE
-from .plan import backward_orders, best_plan
-from .registry import COMPUTE, OPS
+from .ops.common import graph_of
+from .plan import K_VIEW, backward_orders, best_plan
 
 
 @njit(cache=True)
@@ -35,7 +38,7 @@ def _recompute(G, st, v0, keep, repl, stack):
     r = ht_get_or(repl, v0, -1)
     if r >= 0:
         return r
-    src, flags = G[1], G[6]
+    src, flags = G.src, G.flags
     sp = 0
     stack[0] = v0
     sp = 1
@@ -72,7 +75,7 @@ def rewrite_backward(G, st, first_backward, end_backward, is_forward, keep, n_fo
     """Point the backward nodes [first_backward, end_backward) at recomputed copies
     of the forward nodes they read that are not kept.  Returns the number of copies.
     The caller reserves room for ``n_forward`` more nodes (at most one copy each)."""
-    src = G[1]
+    src = G.src
     repl = ht_new(n_forward)
     stack = np.empty(n_forward + 1, np.int64)
     before = st[0]
@@ -87,74 +90,6 @@ def rewrite_backward(G, st, first_backward, end_backward, is_forward, keep, n_fo
 
 
 # ---- what a plan costs ----------------------------------------------------------------------
-
-FLOPS_PER_ELEMENT = np.array([info.flops_per_element for info in OPS], np.int64)
-IS_COMPUTE_BOUND = np.array([info.cost == COMPUTE for info in OPS], np.uint8)
-
-
-@njit(cache=True)
-def node_flops(G, n):
-    """Recompute-cost estimate of node n: 2mnk for matmul, else elements touched x op factor."""
-    op, src, shape, ip = G[0], G[1], G[3], G[4]
-    out = shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
-    code = op[n]
-    if code == MATMUL:
-        a = src[n, 0]
-        k = shape[a, 2] if ip[n, 0] else shape[a, 3]
-        return 2 * out * k
-    s = src[n, 0]
-    if s >= 0:
-        inp = shape[s, 0] * shape[s, 1] * shape[s, 2] * shape[s, 3]
-        if inp > out:
-            out = inp
-    return out * FLOPS_PER_ELEMENT[code]
-
-
-@njit(cache=True)
-def analyze_forward(G, n_nodes, order, first_backward, end_backward):
-    """Per forward node: saved (read by the plain backward pass), narrow point
-    (every earlier computed node is last read at or before it), bytes-free
-    size in elements, and recompute flops."""
-    op, src, shape, flags = G[0], G[1], G[3], G[6]
-    m = order.size
-    saved = np.zeros(n_nodes, np.uint8)
-    for n in range(first_backward, end_backward):
-        for k in range(MAX_SRC):
-            s = src[n, k]
-            if s < 0:
-                break
-            if s < n_nodes:
-                saved[s] = 1
-    pos = np.full(n_nodes, -1, np.int64)
-    for t in range(m):
-        pos[order[t]] = t
-    last = np.full(m, -1, np.int64)          # by position: last forward reader
-    for t in range(m):
-        n = order[t]
-        for k in range(MAX_SRC):
-            s = src[n, k]
-            if s < 0:
-                break
-            if pos[s] >= 0 and last[pos[s]] < t:
-                last[pos[s]] = t
-    cut = np.zeros(m, np.uint8)
-    reach = -1
-    for t in range(m):
-        n = order[t]
-        computed = not (flags[n] & F_LEAF) and op[n] != RESHAPE
-        if computed and reach <= t:
-            cut[t] = 1
-        if computed and last[t] > reach:
-            reach = last[t]
-    size = np.zeros(m, np.int64)
-    flops = np.zeros(m, np.int64)
-    for t in range(m):
-        n = order[t]
-        if not (flags[n] & F_LEAF) and op[n] != RESHAPE:
-            size[t] = shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
-            flops[t] = node_flops(G, n)
-    return saved, cut, size, flops
-
 
 class Trial:
     """Rewrite + order + plan of one keep mask on a scratch copy of the node table."""
@@ -181,7 +116,7 @@ class Trial:
         order, plan = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward), self.io,
                                 self.keep_out, self.in_place)
         flops = total_flops(G, order[order >= self.end])       # the recomputed copies
-        return int(plan[2]) * self.graph.dtype.itemsize, int(flops), int(copies)
+        return int(plan[2]) * self.graph.dtype.itemsize, flops, int(copies)
 
 
 # ---- choosing what to keep --------------------------------------------------------------------
@@ -348,7 +283,8 @@ class Planner:
         """(saved, cut, size, flops) -- computed on first use; explicit plans never need it."""
         if self._analysis is None:
             nodes = self.graph.nodes
-            self._analysis = analyze_forward(nodes.arrays(), nodes.n, self.order, self.first, self.end)
+            self._analysis = analyze_forward(nodes.arrays(), nodes.n, self.order, self.first, self.end,
+                                             registry.table("flops"), registry.table("kind"), K_VIEW)
         return self._analysis
 
     saved = property(lambda self: self.analysis[0])
@@ -380,8 +316,7 @@ class Planner:
         return self.keep(recompute_ids=[])
 
     def compute_bound(self):
-        ops = self.graph.nodes.op[self.order]
-        return self.order[IS_COMPUTE_BOUND[ops] == 1]
+        return self.order[compute_bound(self.graph.nodes.op[self.order])]
 
     def sqrt(self):
         return sqrt_checkpoints(self.order, self.saved, self.cut, self.size)
@@ -527,7 +462,6 @@ def choose_keep(planner, checkpoints, memory_budget, policy):
 
 
 def _checkpoint_ids(graph, order, checkpoints, loss):
-    from .graph import Tensor
     try:
         items = list(checkpoints)
     except TypeError:
@@ -559,16 +493,8 @@ def apply(graph, fwd, first, end, keep):
     return int(copies)
 
 
-@njit(cache=True)
-def total_flops(G, ids):
-    total = 0
-    for n in ids:
-        total += node_flops(G, n)
-    return total
-
-
 # ---- the segment API ------------------------------------------------------------------------------
-def checkpoint(fn, *tensors):
+def checkpoint(fn: Callable[..., Any], *tensors: Tensor) -> Any:
     """Build ``fn(*tensors)`` as a segment that the backward pass recomputes.
 
     Only the segment's inputs and its output are kept through the forward pass;
@@ -583,8 +509,6 @@ def checkpoint(fn, *tensors):
     W once (in tape-based libraries the late-bound W can bite at replay time).
     An exception inside ``fn`` propagates and leaves the graph usable.
     """
-    from .graph import Tensor
-    from .ops.common import graph_of
     if not callable(fn):
         raise GraphError(f"checkpoint: the first argument must be the segment function, got {type(fn).__name__}")
     g = graph_of("checkpoint", *tensors)
@@ -609,33 +533,3 @@ def checkpoint(fn, *tensors):
             if t.id >= start:
                 nodes.flags[t.id] |= F_CHECKPOINT
     return out
-
-
-def pareto(fwd, n_budgets=16, in_place=True):
-    """The frontier of (planned peak bytes, recompute flops) over memory budgets.
-
-    Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops,
-    n_recomputed), lowest peak first, each cheaper to recompute than the one
-    before: the trade-offs worth having.  Works on a scratch copy: ``fwd``'s graph
-    is not changed.
-    """
-    from .backward import differentiate
-    from .program import ForwardGraph
-    if not isinstance(fwd, ForwardGraph) or len(fwd.outputs) != 1 or fwd.outputs[0].shape != ():
-        raise GraphError("pareto: expects the ForwardGraph of a scalar loss")
-    scratch = fwd.graph.scratch_copy()
-    first = scratch.nodes.n
-    _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
-    shadow = _ShadowForward(scratch, fwd)
-    planner = Planner(scratch, shadow, first, scratch.nodes.n, grad_nodes, in_place)
-    return planner.frontier(n_budgets)
-
-
-class _ShadowForward:
-    """fwd's order and outputs, on a scratch graph."""
-
-    def __init__(self, graph, fwd):
-        from .graph import Tensor
-        self.graph = graph
-        self.order = fwd.order
-        self.outputs = [Tensor(graph, t.id) for t in fwd.outputs]

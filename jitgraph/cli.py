@@ -4,9 +4,12 @@ import sys
 
 import numpy as np
 
+import jitgraph as jg
+
+from .demo import add_arguments as demo_arguments, main as run_demo
+
 
 def demo(args):
-    from .demo import main as run_demo
     return run_demo(args)
 
 
@@ -17,8 +20,6 @@ def bench(args):
 
 def tour(args):
     """A two-layer network: build, run, and print its node table."""
-    import jitgraph as jg
-
     rng = np.random.default_rng(0)
     g = jg.Graph(np.float32)
     x = g.input((args.batch, 32), name="x")
@@ -40,8 +41,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="jitgraph", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="train a deep MLP on handwritten digits with and without checkpointing")
-    from .demo import add_arguments
-    add_arguments(p)
+    demo_arguments(p)
     p.set_defaults(func=demo)
     p = sub.add_parser("tour", help="build a small graph, run it, print its node table and result")
     p.add_argument("--batch", type=int, default=4)

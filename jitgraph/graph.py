@@ -2,17 +2,20 @@
 
 A ``Graph`` owns the node table (``jitgraph.ir.NodeTable``), the names, and the
 value store holding every param's and const's data.  A ``Tensor`` is a thin
-handle ``(graph, node id)``; ops are plain functions in ``jitgraph.ops`` and the
-arithmetic operators are attached to ``Tensor`` there.
+handle ``(graph, node id)``; ops are plain functions in ``jitgraph.ops``, and a
+Tensor's operators call them through the op table.
 """
 import numbers
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from .errors import GraphError
 from .ir import (F_CONST, F_INDEX, F_INPUT, F_PARAM, MAX_DIMS, NodeTable,
                  flag_names)
-from .registry import CONST, INPUT, OPS, PARAM
+from .order import topo_order
+from .registry import BY_NAME, CONST, INPUT, OPS, PARAM
+from .viz import describe, render_svg, rich_html, to_dot
 
 _ALIGN = 16   # elements: value offsets are multiples of 64 bytes (float32)
 
@@ -207,16 +210,77 @@ class Graph:
         return self._leaf_with_value(CONST, F_CONST, value, name, f"const {name!r}" if name else "const")
 
 
+def _op(name: str) -> Any:
+    """The builder of op ``name`` (the ops register themselves when jitgraph is imported)."""
+    return BY_NAME[name].builder
+
+
 class Tensor:
     """A handle to one node of a Graph.  Hashable, so it can key a feed dict."""
 
     __slots__ = ("graph", "id", "shape")
     __array_priority__ = 1000     # numpy scalars/arrays on the left defer to us
 
-    def __init__(self, graph, node_id, shape=None):
+    def __init__(self, graph: "Graph", node_id: int, shape: Optional[tuple] = None) -> None:
         self.graph = graph
         self.id = node_id
-        self.shape = graph.shape_of(node_id) if shape is None else shape   # a node's shape never changes
+        self.shape: tuple = graph.shape_of(node_id) if shape is None else shape   # a node's shape never changes
+
+    # ---- operators: numpy broadcasting; Python numbers and arrays become consts ----
+    def __add__(self, other: "Operand") -> "Tensor":
+        return _op("add")(self, other)
+
+    def __radd__(self, other: "Operand") -> "Tensor":
+        return _op("add")(other, self)
+
+    def __sub__(self, other: "Operand") -> "Tensor":
+        return _op("sub")(self, other)
+
+    def __rsub__(self, other: "Operand") -> "Tensor":
+        return _op("sub")(other, self)
+
+    def __mul__(self, other: "Operand") -> "Tensor":
+        return _op("mul")(self, other)
+
+    def __rmul__(self, other: "Operand") -> "Tensor":
+        return _op("mul")(other, self)
+
+    def __truediv__(self, other: "Operand") -> "Tensor":
+        return _op("div")(self, other)
+
+    def __rtruediv__(self, other: "Operand") -> "Tensor":
+        return _op("div")(other, self)
+
+    def __matmul__(self, other: "Operand") -> "Tensor":
+        return _op("matmul")(self, other)
+
+    def __rmatmul__(self, other: "Operand") -> "Tensor":
+        return _op("matmul")(other, self)
+
+    def __neg__(self) -> "Tensor":
+        return _op("neg")(self)
+
+    def __abs__(self) -> "Tensor":
+        return _op("abs")(self)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return _op("sum")(self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return _op("mean")(self, axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return _op("max")(self, axis, keepdims)
+
+    def reshape(self, *shape: Any) -> "Tensor":
+        return _op("reshape")(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *axes: Any) -> "Tensor":
+        return _op("transpose")(self, (axes[0] if len(axes) == 1 else axes) or None)
+
+    @property
+    def T(self) -> "Tensor":
+        return _op("transpose")(self)
 
     def __hash__(self):
         return hash((id(self.graph), self.id))
@@ -314,22 +378,18 @@ class Tensor:
 
     # ---- pictures: the subgraph this tensor depends on ----
     def _ancestry(self):
-        from .order import topo_order
         nodes = self.graph.nodes
         return topo_order(nodes.src, nodes.n, np.array([self.id], np.int64))[1]
 
     def to_dot(self, max_nodes=200, legend=True, rankdir="TB"):
         """Graphviz DOT text of everything this tensor depends on."""
-        from .viz import to_dot
         return to_dot(self.graph, self._ancestry(), max_nodes=max_nodes, legend=legend, rankdir=rankdir,
                       title=f"{self.label} {self.shape}")
 
     def _repr_svg_(self):
-        from .viz import render_svg
         return render_svg(self.to_dot(max_nodes=150))
 
     def _repr_html_(self):
-        from .viz import describe, rich_html
         g = self.graph
         rows = [{"id": int(n), "name": g.names.get(int(n), ""), "describe": describe(g, int(n)),
                  "op": OPS[int(g.nodes.op[n])].name, "shape": g.shape_of(int(n)),
@@ -338,3 +398,6 @@ class Tensor:
                 for n in self._ancestry()]
         return rich_html(repr(self), self.to_dot(max_nodes=150), rows, f"{len(rows)} nodes in its subgraph")
 
+
+
+Operand = Union[Tensor, float, int, np.ndarray, Sequence[float]]   # what ops accept beside tensors

@@ -17,7 +17,9 @@ import numpy as np
 from .errors import GraphError
 from .graph import Graph, Tensor
 from .ir import FIELDS, F_LEAF, MAX_DIMS, MAX_SRC, N_FP, N_IP
-from .registry import BY_NAME, OPS
+from .optim import AdamW, Optimizer, SGD
+from .program import BackwardGraph, ForwardGraph, Program
+from .registry import BY_NAME, INPUT, OPS, table
 
 MAGIC = "jitgraph"
 VERSION = 1
@@ -35,8 +37,6 @@ def _checksum(arrays):
 
 
 def _graph_of(obj):
-    from .optim import Optimizer
-    from .program import Program
     if isinstance(obj, Graph):
         return obj
     if isinstance(obj, (Tensor, Program, Optimizer)):
@@ -48,8 +48,6 @@ def _graph_of(obj):
 def save(path, obj):
     """Save ``obj`` -- a Graph, a Tensor, a ForwardGraph / BackwardGraph, an optimizer,
     or a dict {name: any of these} sharing one graph -- to ``path`` (.npz)."""
-    from .optim import Optimizer
-    from .program import BackwardGraph, ForwardGraph
     items = obj if isinstance(obj, dict) else {"": obj}
     if not items:
         raise GraphError("save: nothing to save (an empty dict)")
@@ -61,7 +59,7 @@ def save(path, obj):
     arrays = {f"ir_{f}": getattr(g.nodes, f)[:n] for f in FIELDS}
     arrays["store"] = g.store[: g.store_used]
     arrays["params"] = np.asarray(g.params, np.int64)
-    arrays["opnames"] = np.array([op.name for op in OPS])
+    arrays["opnames"] = np.array([OPS[c].name if c in OPS else "" for c in range(max(OPS) + 1)])
     objects = []
     for i, (key, v) in enumerate(items.items()):
         if not isinstance(key, str):
@@ -137,6 +135,8 @@ def _rebuild_graph(path, arrays, meta):
     if any(a is None for a in ir.values()):
         _fail(path, "node arrays are missing")
     n = ir["op"].shape[0]
+    if ir["ip"].ndim == 2 and ir["ip"].shape[0] == n and ir["ip"].shape[1] < N_IP:   # files of 0.1: 4 int params
+        ir["ip"] = np.pad(ir["ip"], [(0, 0), (0, N_IP - ir["ip"].shape[1])])
     shapes = {"src": (n, MAX_SRC), "shape": (n, MAX_DIMS), "ip": (n, N_IP), "fp": (n, N_FP)}
     for f, a in ir.items():
         if a.shape != shapes.get(f, (n,)) or a.dtype.kind not in "iuf":
@@ -145,7 +145,7 @@ def _rebuild_graph(path, arrays, meta):
     names = [str(s) for s in arrays["opnames"]]
     remap = np.empty(len(names), np.int64)
     for code, name in enumerate(names):
-        if name not in BY_NAME:
+        if name not in BY_NAME:     # an op this version does not have (or an unused code)
             if np.any(ir["op"] == code):
                 _fail(path, f"unknown op {name!r}")
             remap[code] = 0
@@ -158,7 +158,7 @@ def _rebuild_graph(path, arrays, meta):
     src = ir["src"].astype(np.int64)
     if np.any(src < -1) or np.any(src >= n):
         _fail(path, "a source id outside the graph")
-    arity = np.array([info.arity for info in OPS])[op]
+    arity = table("arity")[op]
     n_src = (src >= 0).sum(axis=1)
     fixed = arity >= 0
     if np.any(fixed & (n_src != np.maximum(arity, 0))) or np.any(~fixed & (n_src < 2)) \
@@ -174,7 +174,7 @@ def _rebuild_graph(path, arrays, meta):
     store = arrays["store"].astype(g.dtype)
     flags = ir["flags"].astype(np.int64)
     leaf = (flags & F_LEAF) != 0
-    valued = leaf & (op != BY_NAME["input"].code)
+    valued = leaf & (op != INPUT)
     ends = ir["ip"][:, 0] + shape.prod(axis=1)
     if np.any(valued & ((ir["ip"][:, 0] < 0) | (ends > store.size))):
         _fail(path, "a param or const outside the value store")
@@ -214,8 +214,6 @@ def _order(path, g, arrays, key):
 
 
 def _rebuild_object(path, g, arrays, i, rec):
-    from .optim import AdamW, SGD
-    from .program import BackwardGraph, ForwardGraph
     kind = rec.get("kind")
     if kind == "graph":
         return g

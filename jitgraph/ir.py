@@ -20,15 +20,17 @@ Every integer field is int64 so that values read from any of them, node ids and
 literals all have one Numba type: a helper like ``new_node`` then compiles once,
 not once per mix of int32 and int64 arguments (that cost seconds of cold start).
 
-Jitted passes receive the arrays as one tuple ``G`` (order as in ``FIELDS``) plus
-the node count; they append rows in place and return the new count.  Capacity
-grows by doubling on the Python side, before a pass that may need it.
+Jitted passes receive the arrays as one named tuple ``G`` (:class:`Nodes`: ``G.op``,
+``G.src`` ...); they append rows in place and report the new count.  Capacity grows
+by doubling on the Python side, before a pass that may need it.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 MAX_SRC = 4
 MAX_DIMS = 4
-N_IP = 4
+N_IP = 8          # enough for a convolution's stride, padding, dilation and groups
 N_FP = 2
 
 # node flags
@@ -52,7 +54,22 @@ FLAG_NAMES = (
     (F_PARAM_GRAD, "param_grad"),
 )
 
-FIELDS = ("op", "src", "ndim", "shape", "ip", "fp", "flags", "origin", "rule")
+
+
+class Nodes(NamedTuple):
+    """The node table's arrays as jitted code sees them (``G.op[n]``, ``G.shape[n, d]``)."""
+    op: np.ndarray
+    src: np.ndarray
+    ndim: np.ndarray
+    shape: np.ndarray
+    ip: np.ndarray
+    fp: np.ndarray
+    flags: np.ndarray
+    origin: np.ndarray
+    rule: np.ndarray
+
+
+FIELDS = Nodes._fields
 
 # where a node's data lives at run time.  A program's run buffer is one array,
 # [arena | io]: the planned, reused arena (peak_bytes) followed by persistent
@@ -125,10 +142,10 @@ class NodeTable:
                 cap *= 2
             self._allocate(cap)
 
-    def arrays(self):
-        """The tuple G handed to jitted passes."""
-        return (self.op, self.src, self.ndim, self.shape, self.ip, self.fp,
-                self.flags, self.origin, self.rule)
+    def arrays(self) -> Nodes:
+        """The named tuple G handed to jitted passes."""
+        return Nodes(self.op, self.src, self.ndim, self.shape, self.ip, self.fp,
+                     self.flags, self.origin, self.rule)
 
     def append(self, op, srcs, shape, ip=(), fp=(), flags=0):
         """Append one node; ``shape`` is an unpadded tuple. Returns the node id."""

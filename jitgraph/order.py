@@ -6,8 +6,7 @@ from numba import njit
 
 from ._hashtable import INSERTED, hs_add, ht_new
 from .ir import MAX_SRC
-
-ERR_BAD_NODE = 2
+from .status import ERR_BAD_NODE, OK
 
 
 @njit(cache=True)
@@ -61,7 +60,7 @@ def extend_order(src, n_nodes, prefix, roots):
                 sp -= 1
                 order[count] = node
                 count += 1
-    return 0, order[:count]
+    return OK, order[:count]
 
 
 @njit(cache=True)

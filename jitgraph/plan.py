@@ -18,20 +18,18 @@ that.  The plan is a pure function of the graph and the order, so the same
 network always gets the same plan.
 """
 import numpy as np
-from numba import njit
+from numba import njit, types
 
-from numba import types
-
+from . import registry
 from ._sigs import ST, i64
-from .ir import LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
-from .registry import INPUT, LAST_LEAF, OPS, ELEMENTWISE
-from .ops.shape import RESHAPE
+from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
+from .order import extend_order, needed_backward
+from .registry import INPUT
 
 ALIGN = 16      # elements: arena offsets are 64-byte aligned in float32
 NEVER = np.iinfo(np.int64).max
-
-# opcodes whose kernel may write its output over a same-sized source
-IN_PLACE_OK = np.array([1 if info.kind == ELEMENTWISE else 0 for info in OPS], np.uint8)
+K_LEAF, K_VIEW, K_ELEMENTWISE = (registry.KINDS.index(k) for k in (registry.LEAF, registry.VIEW,
+                                                                   registry.ELEMENTWISE))
 
 
 @njit(cache=True)
@@ -108,13 +106,13 @@ def _give(fl_off, fl_size, nfree, top, off, size):
 
 
 @njit(cache=True)
-def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
-    """Plan ``order``.  ``io_nodes`` get persistent io slots (param gradients);
+def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
+    """Plan ``order`` (``kinds``: registry.table("kind")).  ``io_nodes`` get persistent io slots (param gradients);
     ``keep_nodes`` stay alive to the end (outputs).  Returns
     (loc, off, arena_elems, io_elems, n_in_place, free_at, free_off, free_size, alloc_size)
     where free_at[t]..free_at[t+1] index the arena blocks freed after step t and
     alloc_size[t] is what step t took from the arena (0 for in-place and views)."""
-    op, src, shape, ip = G[0], G[1], G[3], G[4]
+    op, src, shape, ip = G.op, G.src, G.shape, G.ip
     m = order.size
     loc = np.zeros(n_nodes, np.int8)
     off = np.zeros(n_nodes, np.int64)
@@ -126,7 +124,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
     # 1. owners and last readers
     for t in range(m):
         n = order[t]
-        root[n] = root[src[n, 0]] if op[n] == RESHAPE else n
+        root[n] = root[src[n, 0]] if kinds[op[n]] == K_VIEW else n
         for k in range(MAX_SRC):
             s = src[n, k]
             if s < 0:
@@ -152,22 +150,23 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
     for t in range(m):
         n = order[t]
         code = op[n]
+        kind = kinds[code]
         size = _size(shape, n)
         reused = -1
         if code == INPUT or persist[n]:
             loc[n] = LOC_IO
             off[n] = io
             io += size
-        elif code <= LAST_LEAF:
+        elif kind == K_LEAF:
             loc[n] = LOC_STORE
             off[n] = ip[n, 0]
-        elif code == RESHAPE:
+        elif kind == K_VIEW:
             s = src[n, 0]
             loc[n] = loc[s]
             off[n] = off[s]
         else:
             loc[n] = LOC_ARENA
-            if in_place and IN_PLACE_OK[code]:
+            if in_place and kind == K_ELEMENTWISE:
                 for k in range(MAX_SRC):
                     s = src[n, k]
                     if s < 0:
@@ -202,7 +201,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
                 free_off[nev] = off[r]
                 free_size[nev] = _size(shape, r)
                 nev += 1
-        if last[n] == -1 and loc[n] == LOC_ARENA and code != RESHAPE:     # nobody reads it
+        if last[n] == -1 and loc[n] == LOC_ARENA and kind != K_VIEW:      # nobody reads it
             nfree, top = _give(fl_off, fl_size, nfree, top, off[n], size)
             free_off[nev] = off[n]
             free_size[nev] = size
@@ -210,11 +209,11 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
         free_at[t + 1] = nev
     for t in range(m):                        # io slots follow the arena in the run buffer
         n = order[t]
-        if loc[n] == LOC_IO and op[n] != RESHAPE:
+        if loc[n] == LOC_IO and kinds[op[n]] != K_VIEW:
             off[n] += peak
     for t in range(m):
         n = order[t]
-        if op[n] == RESHAPE:
+        if kinds[op[n]] == K_VIEW:
             off[n] = off[src[n, 0]]
     return loc, off, peak, io, n_in_place, free_at, free_off[:nev], free_size[:nev], alloc_size
 
@@ -222,8 +221,9 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place):
 def best_plan(G, n_nodes, orders, io_nodes, keep_nodes, in_place):
     """(order, plan) of the candidate order whose plan peaks lowest (the first on ties)."""
     best = None
+    kinds = registry.table("kind")
     for order in orders:
-        plan = plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place)
+        plan = plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds)
         if best is None or plan[2] < best[1][2]:
             best = (order, plan)
     return best
@@ -236,11 +236,9 @@ def backward_orders(G, n_nodes, fwd_order, grad_roots, is_forward):
     gradient temporaries die at once (params shared by many layers) -- and (2) a
     DFS from each gradient root in turn.  In both, recomputed copies are pulled in
     by the DFS right before their first consumer.  None if a node id is bad."""
-    from .ir import F_RECOMPUTED
-    from .order import extend_order, needed_backward
-    created = needed_backward(G[1], G[6], n_nodes, grad_roots, is_forward, F_RECOMPUTED)
-    status_a, by_creation = extend_order(G[1], n_nodes, fwd_order, created)
-    status_b, by_roots = extend_order(G[1], n_nodes, fwd_order, grad_roots)
+    created = needed_backward(G.src, G.flags, n_nodes, grad_roots, is_forward, F_RECOMPUTED)
+    status_a, by_creation = extend_order(G.src, n_nodes, fwd_order, created)
+    status_b, by_roots = extend_order(G.src, n_nodes, fwd_order, grad_roots)
     if status_a or status_b:
         return None
     return [by_creation, by_roots]

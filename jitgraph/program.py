@@ -1,19 +1,24 @@
 """Compiled programs: an execution order plus a memory plan, runnable with feeds.
 
-``build_forward(outputs)`` returns a ForwardGraph; the backward and checkpoint
-passes return BackwardGraph (a Program whose order also holds gradient nodes).
+``build_forward(outputs)`` returns a ForwardGraph; ``build_backward``
+(autodiff.py) returns a BackwardGraph, a Program whose order also holds the
+gradient nodes.
 """
+from typing import Any, Dict, List, Optional, Sequence, Union
+
 import numpy as np
 
+from . import compiler
+from .cost import total_flops
 from .errors import GraphError
-from .graph import Tensor, as_numeric_array
-from .interpreter import ERR_UNKNOWN_OP, run_nodes, run_nodes_debug
-from .ir import F_INDEX, F_INPUT, F_LOSS, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
-from .ops.shape import RESHAPE
-from .ops.nn import ERR_INDEX
-from .registry import OPS
+from .graph import Graph, Tensor, as_numeric_array
+from .interpreter import run_nodes, run_nodes_debug
+from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
 from .order import topo_order
-from .plan import backward_orders, best_plan
+from .plan import K_VIEW, backward_orders, best_plan
+from .registry import OPS, table
+from .status import ERR_INDEX, ERR_NOT_COMPILED
+from .viz import describe, plot_memory, render_svg, rich_html, to_dot
 
 
 def _salt(seed):
@@ -77,6 +82,9 @@ class Program:
     def itemsize(self):
         return self.graph.dtype.itemsize
 
+    def _is_view(self):
+        return table("kind")[self.graph.nodes.op[self.order]] == K_VIEW
+
     @property
     def peak_bytes(self):
         """Bytes of the arena that run() allocates: the plan's high-water mark."""
@@ -86,7 +94,7 @@ class Program:
     def persistent_bytes(self):
         """Inputs (io buffer) plus the params and consts this program reads."""
         nodes = self.graph.nodes
-        leaf = self.order[(self.loc[self.order] == LOC_STORE) & (nodes.op[self.order] != RESHAPE)]  # views: no bytes
+        leaf = self.order[(self.loc[self.order] == LOC_STORE) & ~self._is_view()]  # views: no bytes
         sizes = nodes.shape[leaf].prod(axis=1)
         return int(self.io_elems + sizes.sum()) * self.itemsize
 
@@ -102,7 +110,7 @@ class Program:
     def unplanned_bytes(self):
         """What the arena would need without reuse: every computed tensor its own buffer."""
         nodes = self.graph.nodes
-        arena = self.order[(self.loc[self.order] == LOC_ARENA) & (nodes.op[self.order] != RESHAPE)]
+        arena = self.order[(self.loc[self.order] == LOC_ARENA) & ~self._is_view()]
         return int(nodes.shape[arena].prod(axis=1).sum()) * self.itemsize
 
     def stats(self):
@@ -173,13 +181,14 @@ class Program:
         self._bind(feeds)
         g = self.graph
         salt = _salt(seed)
+        runners = compiler.runners(g.dtype, g.nodes.op[self.order])
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, self.mem,
-                                                   g.store, salt, self.arena_elems, self._free_at, self._free_off,
-                                                   self._free_size)
+                                                   g.store, salt, runners, self.arena_elems, self._free_at,
+                                                   self._free_off, self._free_size)
         else:
             status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store,
-                                             salt)
+                                             salt, runners)
         if status:
             raise self._run_error(int(status), int(node), int(detail))
 
@@ -193,8 +202,8 @@ class Program:
                        else g.nodes.shape[int(g.nodes.src[node, 0]), 2])
             return GraphError(f"{OPS[int(g.nodes.op[node])].name} {label!r}: index {value:g} at position "
                               f"{detail} of {g.label(idx)!r} is not an integer in [0, {rows})")
-        if status == ERR_UNKNOWN_OP:
-            return GraphError(f"node {label!r} has unknown opcode {detail}")
+        if status == ERR_NOT_COMPILED:
+            return GraphError(f"node {label!r}: opcode {detail} has no compiled runner")
         return GraphError(f"run failed at node {label!r} (status {status})")
 
     def value_of(self, n):
@@ -222,7 +231,6 @@ class Program:
         """One dict per node in execution order: id, name, describe (what it is; for a
         gradient node, the forward node and rule it comes from), op, shape, bytes,
         sources, flags, loc and offset (planned, in bytes)."""
-        from .viz import describe
         g = self.graph
         nodes = g.nodes
         rows = []
@@ -244,7 +252,6 @@ class Program:
 
         ``max_nodes`` caps the nodes drawn (the last ones); ``fold_forward=True``
         draws a backward program's forward part as one box."""
-        from .viz import to_dot
         fold = None
         if fold_forward and hasattr(self, "forward"):
             fold = set(self.forward.order.tolist())
@@ -262,20 +269,17 @@ class Program:
                 f"{st['n_in_place']} in place" + (f", {st['n_recomputed']} recomputed" if st["n_recomputed"] else ""))
 
     def _repr_svg_(self):
-        from .viz import render_svg
         if self.order.size > 300:
             return None          # too big for a default picture: use to_dot(max_nodes=...) or fold_forward
         return render_svg(self.to_dot())
 
     def _repr_html_(self):
-        from .viz import rich_html
         big = self.order.size > 300
         dot = self.to_dot(max_nodes=150, fold_forward=big)
         return rich_html(self._title(), dot, self.nodes(), self._summary())
 
     def plot_memory(self, *others, labels=None, ax=None):
         """Live arena bytes along the execution order, beside ``others`` (matplotlib)."""
-        from .viz import plot_memory
         return plot_memory([self, *others], labels=labels, ax=ax)
 
     def format_table(self, limit=50):
@@ -340,14 +344,13 @@ class BackwardGraph(Program):
                 f"loss {self.loss.label!r}, {len(self.params)} params, peak {self.peak_bytes} B>")
 
     def stats(self):
-        from .checkpoint import total_flops
         st = super().stats()
         nodes = self.graph.nodes
         recomputed = self.order[(nodes.flags[self.order] & F_RECOMPUTED) != 0]
         n_fwd = int(self.forward.order.size)
         st.update(n_forward=n_fwd, n_backward=int(self.order.size) - n_fwd - int(recomputed.size),
                   n_recomputed=int(recomputed.size),
-                  recompute_flops=int(total_flops(nodes.arrays(), recomputed.astype(np.int64))))
+                  recompute_flops=total_flops(nodes.arrays(), recomputed))
         return st
 
     def _param_index(self, param, what):
@@ -415,55 +418,3 @@ class BackwardGraph(Program):
         g.grads_owner = self
         g.grads_version += 1
         return self.value_of(self.loss.id)
-
-
-def build_backward(fwd, checkpoints=None, memory_budget=None, policy=None, in_place=True, zero_table=True):
-    """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
-    param it depends on (ggml_build_backward_expand).
-
-    Gradient checkpointing (the backward pass recomputes what it does not keep):
-
-    * ``checkpoints=[t1, t2, ...]``: keep these (and params, inputs, consts, the loss);
-      recompute every other forward tensor backward reads, from the nearest kept ones;
-    * ``checkpoints="sqrt"``: about sqrt(n) checkpoints at the points where the graph
-      narrows, spread evenly by the bytes backward needs;
-    * ``policy="save_matmuls"``: keep compute-bound results (matmuls, reductions),
-      recompute the memory-bound (elementwise) ones;
-    * ``memory_budget=bytes``: the plan with the least recompute whose exact planned
-      peak fits; GraphError naming the smallest peak found when none does;
-    * tensors built inside ``jg.checkpoint(fn, ...)`` segments are recomputed.
-
-    Gradients are bit-identical to the un-checkpointed ones for every strategy.
-    ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
-    and every contribution is added (the graph the zero table avoids).
-    """
-    if not isinstance(fwd, ForwardGraph):
-        raise GraphError(f"build_backward: expects the ForwardGraph of a loss, got {type(fwd).__name__}")
-    if len(fwd.outputs) != 1:
-        raise GraphError(f"build_backward: the forward graph must have exactly one output, the loss; "
-                         f"it has {len(fwd.outputs)}")
-    loss = fwd.outputs[0]
-    if loss.shape != ():
-        raise GraphError(f"build_backward: the loss {loss.label!r} must be a scalar, got shape {loss.shape}; "
-                         "reduce it first (jg.sum or jg.mean)")
-    from .backward import differentiate
-    from .checkpoint import Planner, apply, choose_keep
-    g = fwd.graph
-    g.nodes.flags[loss.id] |= F_LOSS
-    first = g.nodes.n
-    params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
-    end = g.nodes.n
-    keep = choose_keep(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy)
-    if keep is not None:
-        apply(g, fwd, first, end, keep)
-    return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
-
-
-def grad(loss, wrt):
-    """Gradient tensors of scalar ``loss`` with respect to params ``wrt`` (a list),
-    as graph nodes to build on -- second-order derivatives differentiate them again."""
-    bwd = build_backward(build_forward(loss))
-    return [bwd.grad_tensor(p) for p in wrt]
-
-
-__all__ = ["ForwardGraph", "BackwardGraph", "Program", "build_forward", "build_backward", "grad"]

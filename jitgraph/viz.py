@@ -65,7 +65,7 @@ def describe(graph, n):
             return f"grad of {graph.label(origin)} · copy"
         if rule == RULE_ZERO:
             return f"grad of {graph.label(origin)} · zero"
-        return f"grad of {graph.label(origin)} · {OPS[int(nodes.op[origin])].name} src{rule}"
+        return f"grad of {graph.label(origin)} · {OPS[int(nodes.op[origin])].label} src{rule}"
     return graph.names.get(n, "")
 
 
@@ -109,7 +109,7 @@ def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=Tr
         fill, shape, _ = STYLE[kind]
         shape_text = "×".join(str(d) for d in graph.shape_of(n)) or "scalar"
         head = describe(graph, n)
-        op = OPS[int(nodes.op[n])].name
+        op = OPS[int(nodes.op[n])].label
         parts = [f"#{n} {head}", f"{op} [{shape_text}]"] if head else [f"#{n} {op} [{shape_text}]"]
         if n in param_of:
             parts.append(f"= gradient of param {graph.label(param_of[n])}")

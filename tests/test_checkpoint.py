@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import jitgraph as jg
 
 from .conftest import examples
-from jitgraph.ops.nn import dropout_uniform
+from jitgraph.ops.stochastic import dropout_uniform
 
 from .graphgen import instance, programs
 

@@ -7,9 +7,11 @@ import pytest
 from scipy.special import erf
 
 import jitgraph as jg
+from jitgraph.registry import BY_NAME
 
 from .conftest import tol
 from .helpers import rand, run_fn
+from .naive import REF
 
 
 def random_shape(rng, ndim, high=5):
@@ -27,34 +29,36 @@ def broadcast_pair(rng):
     return a, b
 
 
-BINARY = {
-    "add": (lambda a, b: a + b, np.add),
-    "sub": (lambda a, b: a - b, np.subtract),
-    "mul": (lambda a, b: a * b, np.multiply),
-    "div": (lambda a, b: a / b, np.divide),
-}
+BINARY = sorted(n for n, c in REF.items() if c.fuzz == "binary")
+OPERATOR = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+            "div": lambda a, b: a / b}
 
 
-@pytest.mark.parametrize("name", list(BINARY))
+def binary(name):
+    """(how to build it, numpy reference) of binary op ``name``: its operator where it has one."""
+    return OPERATOR.get(name, BY_NAME[name].builder), REF[name].ref
+
+
+@pytest.mark.parametrize("name", BINARY)
 @pytest.mark.parametrize("seed", range(12))
 def test_binary_broadcasting(name, seed, dtype):
     rng = np.random.default_rng(seed)
     sa, sb = broadcast_pair(rng)
     a = rand(rng, sa, dtype)
     b = rand(rng, sb, dtype, 0.5, 2.0)        # keep divisors away from 0
-    f, ref = BINARY[name]
+    f, ref = binary(name)
     got = run_fn(f, [a, b], dtype)
     want = ref(a, b)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, **tol(dtype))
 
 
-@pytest.mark.parametrize("name", list(BINARY))
+@pytest.mark.parametrize("name", BINARY)
 def test_binary_with_python_scalars_and_arrays(name, dtype):
     rng = np.random.default_rng(1)
     a = rand(rng, (3, 4), dtype, 0.5, 2)
     c = rand(rng, (4,), dtype, 0.5, 2)
-    f, ref = BINARY[name]
+    f, ref = binary(name)
     np.testing.assert_allclose(run_fn(lambda t: f(t, 2.5), [a], dtype), ref(a, 2.5), **tol(dtype))
     np.testing.assert_allclose(run_fn(lambda t: f(2.5, t), [a], dtype), ref(2.5, a), **tol(dtype))
     np.testing.assert_allclose(run_fn(lambda t: f(t, c), [a], dtype), ref(a, c), **tol(dtype))
@@ -78,31 +82,19 @@ def sigmoid_ref(x):
     return 1 / (1 + np.exp(-x))
 
 
-UNARY = {
-    "neg": (jg.neg, np.negative, (-3, 3)),
-    "sqr": (jg.sqr, np.square, (-3, 3)),
-    "sqrt": (jg.sqrt, np.sqrt, (0.01, 4)),
-    "exp": (jg.exp, np.exp, (-5, 5)),
-    "log": (jg.log, np.log, (0.01, 5)),
-    "abs": (jg.abs, np.abs, (-3, 3)),
-    "relu": (jg.relu, lambda x: np.maximum(x, 0), (-3, 3)),
-    "gelu": (jg.gelu, gelu_ref, (-4, 4)),
-    "silu": (jg.silu, lambda x: x * sigmoid_ref(x), (-8, 8)),
-    "tanh": (jg.tanh, np.tanh, (-4, 4)),
-    "sigmoid": (jg.sigmoid, sigmoid_ref, (-30, 30)),
-    "scale": (lambda t: jg.scale(t, -1.75), lambda x: -1.75 * x, (-3, 3)),
-    "copy": (jg.copy, lambda x: x.copy(), (-3, 3)),
-}
+UNARY = sorted(n for n, c in REF.items() if c.fuzz == "unary" and not c.kw and not c.node)
 
 
-@pytest.mark.parametrize("name", list(UNARY))
+@pytest.mark.parametrize("name", UNARY)
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 1), (2, 3, 4), (2, 1, 3, 5), (33, 17)])
 def test_unary(name, shape, dtype):
-    fn, ref, (lo, hi) = UNARY[name]
-    x = rand(np.random.default_rng(len(shape)), shape, dtype, lo, hi)
-    got = run_fn(fn, [x], dtype)
+    """Each unary op at many shapes, on values drawn like its reference example (its domain)."""
+    rng = np.random.default_rng(len(shape))
+    pool = np.concatenate([np.ravel(REF[name].args(rng)[0]) for _ in range(4)])
+    x = rng.choice(pool, size=shape).astype(dtype)
+    got = run_fn(BY_NAME[name].builder, [x], dtype)
     assert got.shape == x.shape and got.dtype == dtype
-    np.testing.assert_allclose(got, ref(x.astype(np.float64)).astype(dtype), **tol(dtype))
+    np.testing.assert_allclose(got, REF[name].ref(x.astype(np.float64)).astype(dtype), **tol(dtype))
 
 
 def test_unary_special_values():

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import jitgraph as jg
-from jitgraph.order import ERR_BAD_NODE, topo_order
+from jitgraph.order import topo_order
+from jitgraph.status import ERR_BAD_NODE
 
 
 def ancestors(src_lists, roots):

@@ -7,28 +7,30 @@ shape is just a SUM whose output shape is that operand's.  BROADCAST is the
 exact inverse mapping (same mask, over the *output's* axes).
 """
 import math
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from numba import njit
 
 from .._sigs import G as G_T, ST, i64
-from ..emit import new_node
+from ..emit import grad_node, grad_node_fp, new_node
 from ..errors import GraphError
-from ..graph import check_shape
+from ..graph import Tensor, check_shape
 from ..ir import F_GRAD
-from ..registry import COMPUTE, MEMORY, OTHER, defop
+from ..native import operand, output, rule_view, run_view
+from ..registry import COMPUTE, ZERO_GRAD, defop
+from ..status import OK
+from .binary import AFFINE, MUL
 from .common import KERNEL, broadcast_mask, need_tensor, normalize_axes, padded_mask
-from .elementwise import AFFINE, MUL, NO_CONTRIBUTION, NO_RULE
 
-SUM = defop("sum", 1, OTHER, COMPUTE)
-MEAN = defop("mean", 1, OTHER, COMPUTE)
-MAX = defop("max", 1, OTHER, COMPUTE)
-BROADCAST = defop("broadcast", 1, OTHER, MEMORY)
-MAX_MASK = defop("max_mask", 1, OTHER, COMPUTE)   # 1 at the first max of each group (max')
-FIRST_OP, LAST_OP = SUM, MAX_MASK
+__all__ = ["sum", "mean", "max", "broadcast_to"]
+
+SUM, MEAN, MAX, BROADCAST, MAX_MASK = 27, 28, 29, 30, 31
+
+Axis = Optional[Union[int, Sequence[int]]]
 
 
-# ---- Python shape rules -----------------------------------------------------------
+# ---- the family's calling convention: ip[n, 0] = mask of reduced axes (padded space) -----------
 def _reduce(code, what, t, axis, keepdims):
     t = need_tensor(t, what)
     shape = t.shape
@@ -42,32 +44,6 @@ def _reduce(code, what, t, axis, keepdims):
         count *= shape[a]
     fp = (1.0 / count,) if code == MEAN else ()
     return t.graph._node(code, (t.id,), out, ip=(padded_mask(axes, len(shape)),), fp=fp)
-
-
-def sum_(t, axis=None, keepdims=False):
-    """Sum over ``axis`` (None: all; int or tuple), like numpy."""
-    return _reduce(SUM, "sum", t, axis, keepdims)
-
-
-def mean(t, axis=None, keepdims=False):
-    return _reduce(MEAN, "mean", t, axis, keepdims)
-
-
-def max_(t, axis=None, keepdims=False):
-    """Max over ``axis``.  Its gradient goes to the first maximal element (row-major)."""
-    return _reduce(MAX, "max", t, axis, keepdims)
-
-
-def broadcast_to(t, shape):
-    """``t`` repeated along new or size-1 axes to ``shape`` (numpy rules)."""
-    t = need_tensor(t, "broadcast_to")
-    shape = check_shape(shape, f"broadcast_to of {t.label!r}")
-    src = t.shape
-    if len(src) > len(shape) or any(s not in (1, d) for s, d in zip(src[::-1], shape[::-1])):
-        raise GraphError(f"broadcast_to: {t.label!r} of shape {src} cannot broadcast to {shape}")
-    if src == shape:
-        return t
-    return t.graph._node(BROADCAST, (t.id,), shape, ip=(broadcast_mask(src, shape),))
 
 
 # ---- kernels ------------------------------------------------------------------------
@@ -101,7 +77,7 @@ def sum_kernel(out, x, sx, mask, scale):
         for i in range(x.size):
             acc += x[i]
         out[0] = acc * scale
-        return
+        return OK
     for i in range(out.size):
         out[i] = 0.0
     t0, t1, t2, t3 = reduce_strides(sx, mask)
@@ -123,6 +99,7 @@ def sum_kernel(out, x, sx, mask, scale):
     if scale != 1.0:
         for k in range(out.size):
             out[k] *= scale
+    return OK
 
 
 @njit(**KERNEL)
@@ -144,6 +121,7 @@ def max_kernel(out, x, sx, mask):
                     if v > m or (v != v and m == m):
                         out[k] = v
                 i += n3
+    return OK
 
 
 @njit(**KERNEL)
@@ -164,6 +142,7 @@ def broadcast_kernel(out, x, so, mask):
                     for j in range(n3):
                         out[i + j] = x[o + j]
                 i += n3
+    return OK
 
 
 @njit(**KERNEL)
@@ -205,33 +184,115 @@ def max_mask_kernel(out, x, sx, mask):
                 best = v
                 best_at = off
         out[best_at] = 1.0
+    return OK
 
 
-# ---- gradient rules (see elementwise.vjp) -------------------------------------------
 @njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
-def _masked(G, st, op, a, like, mask, n, k):
+def masked(G, st, op, a, like, mask, n, k):
+    """A gradient node ``op(a)`` of the family, shaped like ``like``, over axes ``mask``."""
     t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
-    G[4][t, 0] = mask
+    G.ip[t, 0] = mask
     return t
 
 
-@njit(cache=True)
-def vjp(G, st, n, k, g):
-    code = G[0][n]
-    x = G[1][n, 0]
-    mask = G[4][n, 0]
-    if code == SUM:                                   # g repeated over the reduced axes
-        return _masked(G, st, BROADCAST, g, x, mask, n, k)
-    if code == MEAN:                                  # (g / count) repeated
-        t = new_node(G, st, AFFINE, g, -1, g, F_GRAD, n, k)
-        G[5][t, 0] = G[5][n, 0]
-        return _masked(G, st, BROADCAST, t, x, mask, n, k)
-    if code == MAX:                                   # g to the first maximal element of each group
-        b = _masked(G, st, BROADCAST, g, x, mask, n, k)
-        m = _masked(G, st, MAX_MASK, x, x, mask, n, k)
-        return new_node(G, st, MUL, b, m, x, F_GRAD, n, k)
-    if code == BROADCAST:                             # summed back over the repeated axes
-        return _masked(G, st, SUM, g, x, mask, n, k)
-    if code == MAX_MASK:
-        return NO_CONTRIBUTION
-    return NO_RULE
+# ---- sum ------------------------------------------------------------------------------------------
+def sum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:    # noqa: A001
+    """Sum over ``axis`` (None: all; int or tuple), like numpy."""
+    return _reduce(SUM, "sum", t, axis, keepdims)
+
+
+def _run_sum(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return sum_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0], 1.0)
+
+
+def _vjp_sum(n, k, g, ctx):                    # g repeated over the reduced axes
+    G, st = rule_view(ctx)
+    return masked(G, st, BROADCAST, g, G.src[n, 0], G.ip[n, 0], n, k)
+
+
+defop(SUM, "sum", sum, _run_sum, _vjp_sum, arity=1, cost=COMPUTE)
+
+
+# ---- mean -----------------------------------------------------------------------------------------
+def mean(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis`` (None: all; int or tuple), like numpy."""
+    return _reduce(MEAN, "mean", t, axis, keepdims)
+
+
+def _run_mean(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return sum_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0], v.fp[n, 0])
+
+
+def _vjp_mean(n, k, g, ctx):                   # (g / count) repeated
+    G, st = rule_view(ctx)
+    t = grad_node_fp(G, st, AFFINE, g, G.fp[n, 0], 0.0, n, k)
+    return masked(G, st, BROADCAST, t, G.src[n, 0], G.ip[n, 0], n, k)
+
+
+defop(MEAN, "mean", mean, _run_mean, _vjp_mean, arity=1, cost=COMPUTE)
+
+
+# ---- max ------------------------------------------------------------------------------------------
+def max(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:    # noqa: A001
+    """Max over ``axis``.  Its gradient goes to the first maximal element (row-major)."""
+    return _reduce(MAX, "max", t, axis, keepdims)
+
+
+def _run_max(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return max_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
+
+
+def _vjp_max(n, k, g, ctx):                    # g to the first maximal element of each group
+    G, st = rule_view(ctx)
+    x = G.src[n, 0]
+    b = masked(G, st, BROADCAST, g, x, G.ip[n, 0], n, k)
+    m = masked(G, st, MAX_MASK, x, x, G.ip[n, 0], n, k)
+    return grad_node(G, st, MUL, b, m, x, n, k)
+
+
+defop(MAX, "max", max, _run_max, _vjp_max, arity=1, cost=COMPUTE)
+
+
+# ---- broadcast: the inverse of sum ---------------------------------------------------------------
+def broadcast_to(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """``t`` repeated along new or size-1 axes to ``shape`` (numpy rules)."""
+    t = need_tensor(t, "broadcast_to")
+    shape = check_shape(shape, f"broadcast_to of {t.label!r}")
+    src = t.shape
+    if len(src) > len(shape) or any(s not in (1, d) for s, d in zip(src[::-1], shape[::-1])):
+        raise GraphError(f"broadcast_to: {t.label!r} of shape {src} cannot broadcast to {shape}")
+    if src == shape:
+        return t
+    return t.graph._node(BROADCAST, (t.id,), shape, ip=(broadcast_mask(src, shape),))
+
+
+def _run_broadcast(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return broadcast_kernel(output(v, n), operand(v, n, 0), v.shape[n], v.ip[n, 0])
+
+
+def _vjp_broadcast(n, k, g, ctx):              # summed back over the repeated axes
+    G, st = rule_view(ctx)
+    return masked(G, st, SUM, g, G.src[n, 0], G.ip[n, 0], n, k)
+
+
+defop(BROADCAST, "broadcast", broadcast_to, _run_broadcast, _vjp_broadcast, arity=1)
+
+
+# ---- max_mask: max's derivative ------------------------------------------------------------------
+def max_mask(t: Tensor, axis: Axis = None) -> Tensor:
+    """1.0 at the first (row-major) maximal element of each group reduced by ``axis``, else 0."""
+    t = need_tensor(t, "max_mask")
+    axes = normalize_axes(axis, t.ndim, f"max_mask of {t.label!r}")
+    return t.graph._node(MAX_MASK, (t.id,), t.shape, ip=(padded_mask(axes, t.ndim),))
+
+
+def _run_max_mask(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return max_mask_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
+
+
+defop(MAX_MASK, "max_mask", max_mask, _run_max_mask, ZERO_GRAD, arity=1, cost=COMPUTE, public=False)

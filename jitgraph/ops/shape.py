@@ -2,27 +2,36 @@
 slice and pad (slice's gradient).  Axis parameters live in the padded 4-dim space.
 """
 import numbers
+from typing import Optional, Sequence, Union
 
 from numba import njit
 
 from .._sigs import G as G_T, ST, i64
-from ..emit import new_node
+from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
 from ..ir import F_GRAD, MAX_DIMS, MAX_SRC
-from ..registry import FREE, MEMORY, OTHER, VIEW, defop
+from ..native import operand, output, rule_view, run_view
+from ..registry import FREE, VIEW, defop
+from ..status import OK
 from .common import KERNEL, graph_of, need_tensor, normalize_axis
 
-RESHAPE = defop("reshape", 1, VIEW, FREE, 0)
-TRANSPOSE = defop("transpose", 1, OTHER, MEMORY)
-CONCAT = defop("concat", -1, OTHER, MEMORY)
-SLICE = defop("slice", 1, OTHER, MEMORY)
-PAD = defop("pad", 1, OTHER, MEMORY)
-FIRST_OP, LAST_OP = RESHAPE, PAD
+__all__ = ["reshape", "transpose", "concat", "slice_axis", "pad_axis"]
+
+RESHAPE, TRANSPOSE, CONCAT, SLICE, PAD = 32, 33, 34, 35, 36
 
 
-# ---- Python shape rules -----------------------------------------------------------
-def reshape(t, shape):
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
+def axis_node(G, st, op, a, like, axis, start, n, k):
+    """A slice or pad gradient node along padded ``axis`` from ``start``."""
+    t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
+    G.ip[t, 0] = axis
+    G.ip[t, 1] = start
+    return t
+
+
+# ---- reshape: a view ------------------------------------------------------------------------------
+def reshape(t: Tensor, shape: Union[int, Sequence[int]]) -> Tensor:
     """Same data, new shape (one dim may be -1).  A view: no copy, no buffer."""
     t = need_tensor(t, "reshape")
     if isinstance(shape, numbers.Integral):
@@ -50,7 +59,16 @@ def reshape(t, shape):
     return t.graph._node(RESHAPE, (t.id,), shape)
 
 
-def transpose(t, axes=None):
+def _vjp_reshape(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return grad_node(G, st, RESHAPE, g, -1, G.src[n, 0], n, k)
+
+
+defop(RESHAPE, "reshape", reshape, None, _vjp_reshape, arity=1, kind=VIEW, cost=FREE, flops=0)
+
+
+# ---- transpose ------------------------------------------------------------------------------------
+def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     """Permute axes (default: reverse them), as numpy.transpose."""
     t = need_tensor(t, "transpose")
     nd = t.ndim
@@ -74,7 +92,46 @@ def transpose(t, axes=None):
     return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)
 
 
-def concat(tensors, axis=0):
+@njit(**KERNEL)
+def transpose_kernel(out, x, sx, perm):
+    c = (sx[1] * sx[2] * sx[3], sx[2] * sx[3], sx[3], 1)
+    s0 = c[perm[0]]
+    s1 = c[perm[1]]
+    s2 = c[perm[2]]
+    s3 = c[perm[3]]
+    n0 = sx[perm[0]]
+    n1 = sx[perm[1]]
+    n2 = sx[perm[2]]
+    n3 = sx[perm[3]]
+    o = 0
+    for i0 in range(n0):
+        for i1 in range(n1):
+            for i2 in range(n2):
+                base = i0 * s0 + i1 * s1 + i2 * s2
+                for i3 in range(n3):
+                    out[o + i3] = x[base + i3 * s3]
+                o += n3
+    return OK
+
+
+def _run_transpose(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return transpose_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n])
+
+
+def _vjp_transpose(n, k, g, ctx):              # the inverse permutation
+    G, st = rule_view(ctx)
+    t = grad_node(G, st, TRANSPOSE, g, -1, G.src[n, 0], n, k)
+    for d in range(MAX_DIMS):
+        G.ip[t, G.ip[n, d]] = d
+    return t
+
+
+defop(TRANSPOSE, "transpose", transpose, _run_transpose, _vjp_transpose, arity=1)
+
+
+# ---- concat ---------------------------------------------------------------------------------------
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join tensors of equal shape but along ``axis``."""
     if isinstance(tensors, Tensor) or not hasattr(tensors, "__iter__"):
         raise GraphError("concat: expects a list of tensors")
@@ -106,66 +163,6 @@ def _concat_node(g, ts, ax):
     return g._node(CONCAT, tuple(t.id for t in ts), tuple(shape), ip=(ax + MAX_DIMS - ts[0].ndim,))
 
 
-def slice_axis(t, axis, start, stop):
-    """Elements start:stop (step 1) along ``axis``."""
-    t = need_tensor(t, "slice")
-    ax = normalize_axis(axis, t.ndim, f"slice of {t.label!r}") if t.ndim else None
-    if ax is None:
-        raise GraphError(f"slice of {t.label!r}: a scalar has no axis to slice")
-    n = t.shape[ax]
-    if not (isinstance(start, numbers.Integral) and isinstance(stop, numbers.Integral)):
-        raise GraphError(f"slice of {t.label!r}: start and stop must be ints")
-    start, stop = int(start), int(stop)
-    if start < 0:
-        start += n
-    if stop < 0:
-        stop += n
-    if not 0 <= start < stop <= n:
-        raise GraphError(f"slice of {t.label!r}: [{start}:{stop}] is empty or outside axis {ax} of size {n}")
-    if stop - start == n:
-        return t
-    shape = list(t.shape)
-    shape[ax] = stop - start
-    return t.graph._node(SLICE, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, start))
-
-
-def pad_axis(t, axis, before, after):
-    """Zeros added before and after ``t`` along ``axis`` (slice's adjoint)."""
-    t = need_tensor(t, "pad")
-    if t.ndim == 0:
-        raise GraphError(f"pad of {t.label!r}: a scalar has no axis to pad")
-    ax = normalize_axis(axis, t.ndim, f"pad of {t.label!r}")
-    if not (isinstance(before, numbers.Integral) and isinstance(after, numbers.Integral)) or before < 0 or after < 0:
-        raise GraphError(f"pad of {t.label!r}: before and after must be ints >= 0")
-    if before == 0 and after == 0:
-        return t
-    shape = list(t.shape)
-    shape[ax] += int(before) + int(after)
-    return t.graph._node(PAD, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, int(before)))
-
-
-# ---- kernels ------------------------------------------------------------------------
-@njit(**KERNEL)
-def transpose_kernel(out, x, sx, perm):
-    c = (sx[1] * sx[2] * sx[3], sx[2] * sx[3], sx[3], 1)
-    s0 = c[perm[0]]
-    s1 = c[perm[1]]
-    s2 = c[perm[2]]
-    s3 = c[perm[3]]
-    n0 = sx[perm[0]]
-    n1 = sx[perm[1]]
-    n2 = sx[perm[2]]
-    n3 = sx[perm[3]]
-    o = 0
-    for i0 in range(n0):
-        for i1 in range(n1):
-            for i2 in range(n2):
-                base = i0 * s0 + i1 * s1 + i2 * s2
-                for i3 in range(n3):
-                    out[o + i3] = x[base + i3 * s3]
-                o += n3
-
-
 @njit(**KERNEL)
 def outer_inner(s, axis):
     """Products of the padded dims before and after ``axis``."""
@@ -188,35 +185,120 @@ def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
             dst[d + j] = src[s + j]
 
 
-# ---- gradient rules (see elementwise.vjp) -------------------------------------------
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
-def _axis_node(G, st, op, a, like, axis, start, n, k):
-    t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
-    G[4][t, 0] = axis
-    G[4][t, 1] = start
-    return t
+@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def _concat(v, n):
+    out = output(v, n)
+    axis = v.ip[n, 0]
+    outer, inner = outer_inner(v.shape[n], axis)
+    total = v.shape[n, axis] * inner
+    start = 0
+    for k in range(MAX_SRC):
+        s = v.src[n, k]
+        if s < 0:
+            break
+        run = v.shape[s, axis] * inner
+        block_copy(out, total, start, operand(v, n, k), run, 0, outer, run)
+        start += run
+    return OK
 
 
-@njit(cache=True)
-def vjp(G, st, n, k, g):
-    code = G[0][n]
-    src, shape, ip = G[1], G[3], G[4]
-    x = src[n, 0]
-    if code == RESHAPE:
-        return new_node(G, st, RESHAPE, g, -1, x, F_GRAD, n, k)
-    if code == TRANSPOSE:                             # the inverse permutation
-        t = new_node(G, st, TRANSPOSE, g, -1, x, F_GRAD, n, k)
-        for d in range(MAX_DIMS):
-            ip[t, ip[n, d]] = d
+def _run_concat(n, ctx, mem, store):
+    return _concat(run_view(ctx, mem, store), n)
+
+
+def _vjp_concat(n, k, g, ctx):                 # this source's slice of g
+    G, st = rule_view(ctx)
+    axis = G.ip[n, 0]
+    start = 0
+    for i in range(k):
+        start += G.shape[G.src[n, i], axis]
+    return axis_node(G, st, SLICE, g, G.src[n, k], axis, start, n, k)
+
+
+defop(CONCAT, "concat", concat, _run_concat, _vjp_concat, arity=-1)
+
+
+# ---- slice ----------------------------------------------------------------------------------------
+def slice_axis(t: Tensor, axis: int, start: int, stop: int) -> Tensor:
+    """Elements start:stop (step 1) along ``axis``."""
+    t = need_tensor(t, "slice")
+    ax = normalize_axis(axis, t.ndim, f"slice of {t.label!r}") if t.ndim else None
+    if ax is None:
+        raise GraphError(f"slice of {t.label!r}: a scalar has no axis to slice")
+    n = t.shape[ax]
+    if not (isinstance(start, numbers.Integral) and isinstance(stop, numbers.Integral)):
+        raise GraphError(f"slice of {t.label!r}: start and stop must be ints")
+    start, stop = int(start), int(stop)
+    if start < 0:
+        start += n
+    if stop < 0:
+        stop += n
+    if not 0 <= start < stop <= n:
+        raise GraphError(f"slice of {t.label!r}: [{start}:{stop}] is empty or outside axis {ax} of size {n}")
+    if stop - start == n:
         return t
-    if code == CONCAT:                                # this source's slice of g
-        axis = ip[n, 0]
-        start = 0
-        for i in range(k):
-            start += shape[src[n, i], axis]
-        return _axis_node(G, st, SLICE, g, src[n, k], axis, start, n, k)
-    if code == SLICE:
-        return _axis_node(G, st, PAD, g, x, ip[n, 0], ip[n, 1], n, k)
-    if code == PAD:
-        return _axis_node(G, st, SLICE, g, x, ip[n, 0], ip[n, 1], n, k)
-    return -2
+    shape = list(t.shape)
+    shape[ax] = stop - start
+    return t.graph._node(SLICE, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, start))
+
+
+@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def _slice(v, n):
+    axis = v.ip[n, 0]
+    outer, inner = outer_inner(v.shape[n], axis)
+    run = v.shape[n, axis] * inner
+    block_copy(output(v, n), run, 0, operand(v, n, 0), v.shape[v.src[n, 0], axis] * inner, v.ip[n, 1] * inner,
+               outer, run)
+    return OK
+
+
+def _run_slice(n, ctx, mem, store):
+    return _slice(run_view(ctx, mem, store), n)
+
+
+def _vjp_slice(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return axis_node(G, st, PAD, g, G.src[n, 0], G.ip[n, 0], G.ip[n, 1], n, k)
+
+
+defop(SLICE, "slice", slice_axis, _run_slice, _vjp_slice, arity=1)
+
+
+# ---- pad: slice's adjoint -------------------------------------------------------------------------
+def pad_axis(t: Tensor, axis: int, before: int, after: int) -> Tensor:
+    """Zeros added before and after ``t`` along ``axis`` (slice's adjoint)."""
+    t = need_tensor(t, "pad")
+    if t.ndim == 0:
+        raise GraphError(f"pad of {t.label!r}: a scalar has no axis to pad")
+    ax = normalize_axis(axis, t.ndim, f"pad of {t.label!r}")
+    if not (isinstance(before, numbers.Integral) and isinstance(after, numbers.Integral)) or before < 0 or after < 0:
+        raise GraphError(f"pad of {t.label!r}: before and after must be ints >= 0")
+    if before == 0 and after == 0:
+        return t
+    shape = list(t.shape)
+    shape[ax] += int(before) + int(after)
+    return t.graph._node(PAD, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, int(before)))
+
+
+@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def _pad(v, n):
+    out = output(v, n)
+    axis = v.ip[n, 0]
+    outer, inner = outer_inner(v.shape[n], axis)
+    for i in range(out.size):
+        out[i] = 0.0
+    run = v.shape[v.src[n, 0], axis] * inner
+    block_copy(out, v.shape[n, axis] * inner, v.ip[n, 1] * inner, operand(v, n, 0), run, 0, outer, run)
+    return OK
+
+
+def _run_pad(n, ctx, mem, store):
+    return _pad(run_view(ctx, mem, store), n)
+
+
+def _vjp_pad(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return axis_node(G, st, SLICE, g, G.src[n, 0], G.ip[n, 0], G.ip[n, 1], n, k)
+
+
+defop(PAD, "pad", pad_axis, _run_pad, _vjp_pad, arity=1)

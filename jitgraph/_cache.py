@@ -1,0 +1,134 @@
+"""Where jitgraph's compiled code is cached -- a folder keyed on everything it
+depends on, so a stale cache can never be hit.
+
+Numba checks a cached function against its own source file only: edit a kernel
+that a runner in another file calls, upgrade jitgraph or Numba, or turn bounds
+checking on, and Numba would load the old machine code.  So jitgraph's functions
+get a cache locator of their own, whose folder is named by a hash of every source
+file of the package, the Numba, llvmlite and Python versions and the compile
+flags that change the code.  Any change gives a new, empty folder; older folders
+of the same root are pruned.
+
+The root is ``$NUMBA_CACHE_DIR/jitgraph`` if that is set, else ``.jitcache`` in the
+package folder, else (a read-only install) ``$XDG_CACHE_HOME/jitgraph`` or
+``~/.cache/jitgraph``.  This module must be imported before any jitted function
+is defined (``jitgraph/__init__.py`` does it first).
+"""
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+
+import llvmlite
+import numba
+from numba.core import caching, config
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+KEEP_FOLDERS = 3          # newest cache folders kept per root (older builds are deleted)
+
+
+def _source_files():
+    for folder, dirs, files in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(folder, name)
+
+
+def source_key() -> str:
+    """A hash of the package's sources and of what else decides the machine code."""
+    h = hashlib.sha256()
+    for path in _source_files():
+        h.update(os.path.relpath(path, PACKAGE_DIR).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(repr((numba.__version__, llvmlite.__version__, sys.version_info[:3], config.BOUNDSCHECK,
+                   config.OPT, config.FASTMATH if hasattr(config, "FASTMATH") else None)).encode())
+    return h.hexdigest()[:16]
+
+
+def _writable(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+        return True
+    except OSError:
+        return False
+
+
+def cache_root() -> str:
+    candidates = []
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        candidates.append(os.path.join(os.environ["NUMBA_CACHE_DIR"], "jitgraph"))
+    candidates.append(os.path.join(PACKAGE_DIR, ".jitcache"))
+    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    candidates.append(os.path.join(user, "jitgraph"))
+    for path in candidates:
+        if _writable(path):
+            return path
+    return os.path.join(tempfile.gettempdir(), f"jitgraph-cache-{os.getuid() if hasattr(os, 'getuid') else 0}")
+
+
+def _prune(root, keep):
+    """Delete all but the ``KEEP_FOLDERS`` most recently used key folders under root."""
+    try:
+        folders = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("k-")]
+    except OSError:
+        return
+    folders = [f for f in folders if f != keep]
+    folders.sort(key=lambda f: os.path.getmtime(f), reverse=True)
+    for old in folders[KEEP_FOLDERS - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+KEY = source_key()
+ROOT = cache_root()
+CACHE_DIR = os.path.join(ROOT, "k-" + KEY)
+
+
+class JitgraphCacheLocator(caching._CacheLocator):
+    """Numba cache locator for functions defined in jitgraph's own files."""
+
+    def __init__(self, py_func, py_file):
+        self._lineno = py_func.__code__.co_firstlineno
+        rel = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), PACKAGE_DIR)
+        self._cache_path = os.path.join(CACHE_DIR, rel.replace(os.sep, "_"))
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    def get_source_stamp(self):
+        return KEY                     # the folder already names the sources; nothing else to check
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        path = os.path.abspath(py_file)
+        if not path.startswith(PACKAGE_DIR + os.sep):
+            return None                # someone else's function: Numba's own locators decide
+        self = cls(py_func, py_file)
+        try:
+            self.ensure_cache_path()
+        except OSError:
+            return None
+        return self
+
+
+def install() -> None:
+    """Put the locator first for every kind of cached function (njit and cfunc)."""
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl")   # renamed in Numba 0.61
+    classes = impl._locator_classes
+    if JitgraphCacheLocator not in classes:
+        classes.insert(0, JitgraphCacheLocator)
+    chosen = getattr(config, "CACHE_LOCATOR_CLASSES", "")       # NUMBA_CACHE_LOCATOR_CLASSES overrides the list
+    if chosen and "JitgraphCacheLocator" not in chosen:
+        config.CACHE_LOCATOR_CLASSES = "jitgraph._cache.JitgraphCacheLocator," + chosen
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    os.utime(CACHE_DIR)                # "recently used", for pruning
+    _prune(ROOT, CACHE_DIR)
+
+
+install()

@@ -1,0 +1,93 @@
+"""build_backward, grad and pareto: differentiation with checkpointing, on top of
+the backward expansion (backward.py), the checkpoint rewrite and its strategies
+(checkpoint.py) and programs (program.py)."""
+from typing import Any, List, Optional, Sequence, Union
+
+from .backward import differentiate
+from .checkpoint import Planner, apply, choose_keep
+from .errors import GraphError
+from .graph import Graph, Tensor
+from .ir import F_LOSS
+from .program import BackwardGraph, ForwardGraph, build_forward
+
+__all__ = ["build_backward", "grad", "pareto"]
+
+
+def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
+                   memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
+                   zero_table: bool = True) -> BackwardGraph:
+    """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
+    param it depends on (ggml_build_backward_expand).
+
+    Gradient checkpointing (the backward pass recomputes what it does not keep):
+
+    * ``checkpoints=[t1, t2, ...]``: keep these (and params, inputs, consts, the loss);
+      recompute every other forward tensor backward reads, from the nearest kept ones;
+    * ``checkpoints="sqrt"``: about sqrt(n) checkpoints at the points where the graph
+      narrows, spread evenly by the bytes backward needs;
+    * ``policy="save_matmuls"``: keep compute-bound results (matmuls, reductions),
+      recompute the memory-bound (elementwise) ones;
+    * ``memory_budget=bytes``: the plan with the least recompute whose exact planned
+      peak fits; GraphError naming the smallest peak found when none does;
+    * tensors built inside ``jg.checkpoint(fn, ...)`` segments are recomputed.
+
+    Gradients are bit-identical to the un-checkpointed ones for every strategy.
+    ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
+    and every contribution is added (the graph the zero table avoids).
+    """
+    loss = _scalar_loss(fwd, "build_backward")
+    g = fwd.graph
+    g.nodes.flags[loss.id] |= F_LOSS
+    first = g.nodes.n
+    params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
+    end = g.nodes.n
+    keep = choose_keep(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy)
+    if keep is not None:
+        apply(g, fwd, first, end, keep)
+    return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
+
+
+def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
+    """Gradient tensors of scalar ``loss`` with respect to params ``wrt`` (a list),
+    as graph nodes to build on -- second-order derivatives differentiate them again."""
+    bwd = build_backward(build_forward(loss))
+    return [bwd.grad_tensor(p) for p in wrt]
+
+
+def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True) -> List[dict]:
+    """The frontier of (planned peak bytes, recompute flops) over memory budgets.
+
+    Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops,
+    n_recomputed), lowest peak first, each cheaper to recompute than the one
+    before: the trade-offs worth having.  Works on a scratch copy: ``fwd``'s graph
+    is not changed.
+    """
+    if not isinstance(fwd, ForwardGraph) or len(fwd.outputs) != 1 or fwd.outputs[0].shape != ():
+        raise GraphError("pareto: expects the ForwardGraph of a scalar loss")
+    scratch = fwd.graph.scratch_copy()
+    first = scratch.nodes.n
+    _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
+    planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place)
+    return planner.frontier(n_budgets)
+
+
+def _scalar_loss(fwd: Any, what: str) -> Tensor:
+    if not isinstance(fwd, ForwardGraph):
+        raise GraphError(f"{what}: expects the ForwardGraph of a loss, got {type(fwd).__name__}")
+    if len(fwd.outputs) != 1:
+        raise GraphError(f"{what}: the forward graph must have exactly one output, the loss; "
+                         f"it has {len(fwd.outputs)}")
+    loss = fwd.outputs[0]
+    if loss.shape != ():
+        raise GraphError(f"{what}: the loss {loss.label!r} must be a scalar, got shape {loss.shape}; "
+                         "reduce it first (jg.sum or jg.mean)")
+    return loss
+
+
+class _ShadowForward:
+    """fwd's order and outputs, on a scratch graph."""
+
+    def __init__(self, graph: Graph, fwd: ForwardGraph) -> None:
+        self.graph = graph
+        self.order = fwd.order
+        self.outputs = [Tensor(graph, t.id) for t in fwd.outputs]

@@ -1,0 +1,74 @@
+"""Compiling what a graph uses, when it is used.
+
+Each op's runner is compiled (or loaded from Numba's cache) the first time a
+program of that dtype contains the op, and each gradient rule the first time a
+backward pass meets the op (see native.py for the calling convention).  The
+results are C callbacks whose addresses fill one table per dtype (runners) and
+one for rules; the interpreter and the backward pass index them by opcode.
+"""
+import threading
+
+import numpy as np
+from numba import cfunc, from_dtype, types
+
+from . import registry
+
+SKIP = -1          # runner entry of an op without a kernel (leaves, views); rule entry of ZERO_GRAD
+MISSING = 0        # not compiled (runners) / no gradient rule (rules)
+
+RULE_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.CPointer(types.int64))
+
+_lock = threading.RLock()
+_keep = {}                 # (kind, code, dtype) -> the compiled CFunc (the tables hold raw addresses)
+_runner_tables = {}        # dtype name -> int64 address table
+_rule_table = []           # [table] once made
+
+
+def runner_signature(dtype):
+    t = from_dtype(np.dtype(dtype))
+    return types.int64(types.int64, types.CPointer(types.int64), types.CPointer(t), types.CPointer(t))
+
+
+def _compile(kind, op, dtype, sig):
+    fn = op.runner if kind == "run" else op.vjp
+    compiled = cfunc(sig, cache=True, error_model="numpy")(fn)
+    _keep[(kind, op.code, dtype)] = compiled
+    return compiled.address
+
+
+def runners(dtype, codes):
+    """The runner table of ``dtype`` with every op in ``codes`` compiled."""
+    dtype = np.dtype(dtype)
+    table = _runner_tables.get(dtype.name)
+    if table is None or table.size < registry.n_codes():
+        table = np.full(registry.n_codes(), MISSING, np.int64)
+        for op in registry.OPS.values():
+            if op.runner is None:
+                table[op.code] = SKIP
+        _runner_tables[dtype.name] = table
+    todo = [int(c) for c in np.unique(codes) if table[c] == MISSING]
+    if todo:
+        with _lock:
+            sig = runner_signature(dtype)
+            for code in todo:
+                if table[code] == MISSING:
+                    table[code] = _compile("run", registry.OPS[code], dtype.name, sig)
+    return table
+
+
+def rules(codes):
+    """The gradient-rule table with the rule of every op in ``codes`` compiled."""
+    if not _rule_table or _rule_table[0].size < registry.n_codes():
+        table = np.full(registry.n_codes(), MISSING, np.int64)
+        for op in registry.OPS.values():
+            if op.vjp is registry.ZERO_GRAD:
+                table[op.code] = SKIP
+        _rule_table[:] = [table]
+    table = _rule_table[0]
+    todo = [int(c) for c in np.unique(codes) if table[c] == MISSING and callable(registry.OPS[int(c)].vjp)]
+    if todo:
+        with _lock:
+            for code in todo:
+                if table[code] == MISSING:
+                    table[code] = _compile("vjp", registry.OPS[code], "", RULE_SIGNATURE)
+    return table

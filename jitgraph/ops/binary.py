@@ -1,0 +1,246 @@
+"""Binary arithmetic with numpy broadcasting: + - * /, and affine (a*x + b with
+Python numbers a, b), which ``x * 2.0``, ``x + 1.0``, ``1.0 - x``, ``x / 4.0`` and
+``jg.scale`` fold into.
+
+Calling convention: a runner hands its op code to :func:`binary`, which
+broadcasts node n's two sources to n's shape (strides 0 along broadcast dims);
+Numba compiles the loop for the literal code, so each op has its own loop.
+"""
+from numba import njit
+
+from ..emit import grad_node, grad_node_fp
+from ..errors import GraphError
+from ..graph import Operand, Tensor
+from ..native import operand, output, rule_view, run_view
+from ..registry import ELEMENTWISE, defop
+from ..status import OK
+from .common import KERNEL, as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
+
+__all__ = ["add", "sub", "mul", "div", "scale"]
+
+ADD, SUB, MUL, DIV, AFFINE = 4, 5, 6, 7, 9
+
+
+# ---- the family's calling convention ------------------------------------------------------------
+def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
+    g = graph_of(what, a, b)
+    if isinstance(a, Tensor) and is_scalar(b):       # fold x op c into one affine node
+        c = float(b)  # type: ignore[arg-type]
+        if code == ADD:
+            return affine(a, 1.0, c)
+        if code == SUB:
+            return affine(a, 1.0, -c)
+        if code == MUL:
+            return affine(a, c, 0.0)
+        if c != 0.0:
+            return affine(a, 1.0 / c, 0.0)
+    elif isinstance(b, Tensor) and is_scalar(a):
+        c = float(a)  # type: ignore[arg-type]
+        if code == ADD:
+            return affine(b, 1.0, c)
+        if code == SUB:
+            return affine(b, -1.0, c)
+        if code == MUL:
+            return affine(b, c, 0.0)
+    ta = as_tensor(a, g, what)
+    tb = as_tensor(b, g, what)
+    return g._node(code, (ta.id, tb.id), broadcast_shapes(what, ta, tb))
+
+
+@njit(**KERNEL)
+def _strided(code, out, o, a, ia, sa, b, ib, sb, n):
+    """out[o+j] = a[ia+j*sa] (op) b[ib+j*sb] for j < n; strides are 0 or 1."""
+    if sa == 1 and sb == 1:
+        if code == ADD:
+            for j in range(n):
+                out[o + j] = a[ia + j] + b[ib + j]
+        elif code == SUB:
+            for j in range(n):
+                out[o + j] = a[ia + j] - b[ib + j]
+        elif code == MUL:
+            for j in range(n):
+                out[o + j] = a[ia + j] * b[ib + j]
+        elif code == DIV:
+            for j in range(n):
+                out[o + j] = a[ia + j] / b[ib + j]
+    else:
+        if code == ADD:
+            for j in range(n):
+                out[o + j] = a[ia + j * sa] + b[ib + j * sb]
+        elif code == SUB:
+            for j in range(n):
+                out[o + j] = a[ia + j * sa] - b[ib + j * sb]
+        elif code == MUL:
+            for j in range(n):
+                out[o + j] = a[ia + j * sa] * b[ib + j * sb]
+        elif code == DIV:
+            for j in range(n):
+                out[o + j] = a[ia + j * sa] / b[ib + j * sb]
+
+
+@njit(**KERNEL)
+def bcast_strides(shape, n):
+    """Contiguous strides of node n's padded shape, 0 along size-1 dims."""
+    s3 = 0 if shape[n, 3] == 1 else 1
+    r = shape[n, 3]
+    s2 = 0 if shape[n, 2] == 1 else r
+    r *= shape[n, 2]
+    s1 = 0 if shape[n, 1] == 1 else r
+    r *= shape[n, 1]
+    s0 = 0 if shape[n, 0] == 1 else r
+    return s0, s1, s2, s3
+
+
+@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def binary(v, n, code):
+    """Run binary op ``code`` (a literal: one loop per op) for node n, broadcasting."""
+    out = output(v, n)
+    a = operand(v, n, 0)
+    b = operand(v, n, 1)
+    size = out.size
+    if a.size == size:
+        if b.size == size:
+            _strided(code, out, 0, a, 0, 1, b, 0, 1, size)
+            return OK
+        if b.size == 1:
+            _strided(code, out, 0, a, 0, 1, b, 0, 0, size)
+            return OK
+    elif a.size == 1 and b.size == size:
+        _strided(code, out, 0, a, 0, 0, b, 0, 1, size)
+        return OK
+    shape = v.shape
+    a0, a1, a2, a3 = bcast_strides(shape, v.src[n, 0])
+    b0, b1, b2, b3 = bcast_strides(shape, v.src[n, 1])
+    inner = shape[n, 3]
+    o = 0
+    for i0 in range(shape[n, 0]):
+        for i1 in range(shape[n, 1]):
+            for i2 in range(shape[n, 2]):
+                _strided(code, out, o, a, i0 * a0 + i1 * a1 + i2 * a2, a3,
+                         b, i0 * b0 + i1 * b1 + i2 * b2, b3, inner)
+                o += inner
+    return OK
+
+
+# Rules give a contribution in n's (broadcast) shape; the backward pass sums it
+# down to the source's shape, once, for every rule.
+
+# ---- add ------------------------------------------------------------------------------------------
+def add(a: Operand, b: Operand) -> Tensor:
+    """a + b with numpy broadcasting."""
+    return _binary(ADD, "add", a, b)
+
+
+def _run_add(n, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, ADD)
+
+
+def _vjp_add(n, k, g, ctx):                    # d(x+y) = dx + dy
+    return g
+
+
+defop(ADD, "add", add, _run_add, _vjp_add, arity=2, kind=ELEMENTWISE)
+
+
+# ---- sub ------------------------------------------------------------------------------------------
+def sub(a: Operand, b: Operand) -> Tensor:
+    """a - b with numpy broadcasting."""
+    return _binary(SUB, "sub", a, b)
+
+
+def _run_sub(n, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, SUB)
+
+
+def _vjp_sub(n, k, g, ctx):                    # g, -g
+    if k == 0:
+        return g
+    G, st = rule_view(ctx)
+    return grad_node_fp(G, st, AFFINE, g, -1.0, 0.0, n, k)
+
+
+defop(SUB, "sub", sub, _run_sub, _vjp_sub, arity=2, kind=ELEMENTWISE)
+
+
+# ---- mul ------------------------------------------------------------------------------------------
+def mul(a: Operand, b: Operand) -> Tensor:
+    """a * b with numpy broadcasting."""
+    return _binary(MUL, "mul", a, b)
+
+
+def _run_mul(n, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, MUL)
+
+
+def _vjp_mul(n, k, g, ctx):                    # g*y, g*x
+    G, st = rule_view(ctx)
+    return grad_node(G, st, MUL, g, G.src[n, 1 - k], n, n, k)
+
+
+defop(MUL, "mul", mul, _run_mul, _vjp_mul, arity=2, kind=ELEMENTWISE)
+
+
+# ---- div ------------------------------------------------------------------------------------------
+def div(a: Operand, b: Operand) -> Tensor:
+    """a / b with numpy broadcasting."""
+    return _binary(DIV, "div", a, b)
+
+
+def _run_div(n, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, DIV)
+
+
+def _vjp_div(n, k, g, ctx):                    # g/y, -g*out/y
+    G, st = rule_view(ctx)
+    y = G.src[n, 1]
+    if k == 0:
+        return grad_node(G, st, DIV, g, y, n, n, k)
+    t = grad_node(G, st, MUL, g, n, n, n, k)
+    t = grad_node(G, st, DIV, t, y, n, n, k)
+    return grad_node_fp(G, st, AFFINE, t, -1.0, 0.0, n, k)
+
+
+defop(DIV, "div", div, _run_div, _vjp_div, arity=2, kind=ELEMENTWISE)
+
+
+# ---- affine: a*x + b ----------------------------------------------------------------------------
+def affine(t: Tensor, a: float, b: float) -> Tensor:
+    """a * t + b for Python numbers a, b (what ``t * 2.0 + 1.0``-style expressions become)."""
+    t = need_tensor(t, "affine")
+    return t.graph._node(AFFINE, (t.id,), t.shape, fp=(float(a), float(b)))
+
+
+def scale(t: Tensor, s: float) -> Tensor:
+    """s * t for a Python number s."""
+    t = need_tensor(t, "scale")
+    if not is_scalar(s):
+        raise GraphError(f"scale: factor for {t.label!r} must be a real number, got {s!r}")
+    return affine(t, float(s), 0.0)
+
+
+@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def _affine_loop(v, n):
+    out = output(v, n)
+    x = operand(v, n, 0)
+    a = v.fp[n, 0]
+    b = v.fp[n, 1]
+    if b == 0.0:                  # a pure scale: keep -0.0 as numpy's x * a does
+        for i in range(out.size):
+            out[i] = x[i] * a
+    else:
+        for i in range(out.size):
+            out[i] = x[i] * a + b
+    return OK
+
+
+def _run_affine(n, ctx, mem, store):
+    return _affine_loop(run_view(ctx, mem, store), n)
+
+
+def _vjp_affine(n, k, g, ctx):                 # a*g (x + c passes g through)
+    G, st = rule_view(ctx)
+    a = G.fp[n, 0]
+    return g if a == 1.0 else grad_node_fp(G, st, AFFINE, g, a, 0.0, n, k)
+
+
+defop(AFFINE, "affine", affine, _run_affine, _vjp_affine, arity=1, kind=ELEMENTWISE, public=False)

@@ -1,0 +1,94 @@
+"""Dropout with counter-based randomness.
+
+Element i of a dropout node keeps its value iff hash(seed, mask_id, i) >= p, where
+mask_id is the node's stable id.  A recomputed copy or a gradient carries the same
+(seed, mask_id), so it sees the same mask -- no RNG state to save or restore.
+"""
+import numbers
+
+import numpy as np
+from numba import njit
+
+from ..emit import grad_node
+from ..errors import GraphError
+from ..graph import Tensor
+from ..native import operand, output, rule_view, run_view
+from ..registry import ELEMENTWISE, defop
+from ..status import OK
+from .common import KERNEL, need_tensor
+
+__all__ = ["dropout"]
+
+DROPOUT = 44
+
+
+def dropout(t: Tensor, p: float, seed: int = 0) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p).
+
+    The mask is a pure function of (seed, this node, element index): recomputing
+    the node (checkpointing) or re-running the graph gives the same mask.  For fresh
+    masks each training step, run with ``run(feeds, seed=step)``, which is added to
+    every dropout's seed for that run.  p == 0 returns ``t`` itself.
+    """
+    t = need_tensor(t, "dropout")
+    if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 <= p < 1.0:
+        raise GraphError(f"dropout of {t.label!r}: p must be a number in [0, 1), got {p!r}")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise GraphError(f"dropout of {t.label!r}: seed must be an int, got {seed!r}")
+    if p == 0.0:
+        return t
+    out = t.graph._node(DROPOUT, (t.id,), t.shape, fp=(float(p),))
+    ip = t.graph.nodes.ip
+    ip[out.id, 0] = int(seed) & 0x7FFFFFFFFFFFFFFF
+    ip[out.id, 1] = out.id                      # the mask's identity: this node
+    return out
+
+
+@njit(cache=True, inline="always")
+def _mix(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def _dropout_key(seed, mask_id):
+    return _mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(mask_id))
+
+
+@njit(cache=True, inline="always")
+def _dropout_u(key, i):
+    z = _mix(key + np.uint64(i) * np.uint64(0xD1B54A32D192ED03))
+    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)   # 53 bits -> [0, 1)
+
+
+@njit(**KERNEL)
+def dropout_uniform(seed, mask_id, i):
+    """The uniform in [0, 1) that decides element i of mask (seed, mask_id); kept iff >= p."""
+    return _dropout_u(_dropout_key(seed, mask_id), i)
+
+
+@njit(**KERNEL)
+def dropout_kernel(out, x, p, seed, mask_id):
+    key = _dropout_key(seed, mask_id)
+    keep_scale = 1.0 / (1.0 - p)
+    for i in range(out.size):
+        out[i] = x[i] * keep_scale if _dropout_u(key, i) >= p else 0.0 * x[i]
+    return OK
+
+
+def _run_dropout(n, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return dropout_kernel(output(v, n), operand(v, n, 0), v.fp[n, 0], v.ip[n, 0] + v.salt, v.ip[n, 1])
+
+
+def _vjp_dropout(n, k, g, ctx):                # the same mask: same (seed, mask id)
+    G, st = rule_view(ctx)
+    t = grad_node(G, st, DROPOUT, g, -1, g, n, k)
+    G.ip[t, 0] = G.ip[n, 0]
+    G.ip[t, 1] = G.ip[n, 1]
+    G.fp[t, 0] = G.fp[n, 0]
+    return t
+
+
+defop(DROPOUT, "dropout", dropout, _run_dropout, _vjp_dropout, arity=1, kind=ELEMENTWISE, flops=4)

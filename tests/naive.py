@@ -1,0 +1,178 @@
+"""The numpy reference of every op: one line per op.
+
+``REF[name]`` is a :class:`Case`: the naive float64 reference (called like the op's
+builder, with numpy arrays for tensors), how to draw an example, the fuzz family
+that draws it into random programs (graphgen.py), and whether it has a gradient.
+The forward tests, the gradient checks, the fuzzer and the save/load model all
+read this table, and test_registry.py fails when an op of the registry has no
+line here -- so adding an op means one family file and one line below.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+from scipy.special import erf
+
+from jitgraph.ops.stochastic import dropout_uniform
+
+
+@dataclass
+class Case:
+    ref: Callable                       # numpy reference: ref(*arrays, **kw)
+    args: Callable                      # rng -> list of arguments (float arrays become tensors)
+    fuzz: str                           # graphgen family: unary binary reduce rowwise shape matmul gather loss select
+    kw: dict = field(default_factory=dict)   # keyword arguments for examples and fuzzing
+    grad: bool = True                   # has a gradient to check (False: no rule, or piecewise constant)
+    call: Optional[Callable] = None     # call(builder, *tensors, **kw) when not builder(*tensors, **kw)
+    domain: str = "any"                 # fuzz operand domain: any, positive (log, sqrt), bounded (exp)
+    node: bool = False                  # ref needs the jitgraph node (dropout: its mask)
+    fuzz_kw: Optional[Callable] = None  # shape ops: fuzz_kw(*operand shapes) -> kw, or None if not applicable
+
+
+def u(*shape, lo=-2.0, hi=2.0):
+    return lambda rng: rng.uniform(lo, hi, shape)
+
+
+def away0(*shape):
+    """Values at least 0.2 from 0 (kinks of relu, abs, sign)."""
+    return lambda rng: rng.uniform(0.2, 2.0, shape) * np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+
+
+def distinct(*shape):
+    """A permutation of distinct values (no ties for max)."""
+    return lambda rng: rng.permutation(np.arange(int(np.prod(shape)), dtype=float)).reshape(shape) / 7.0
+
+
+def probs(*shape):
+    def draw(rng):
+        t = rng.random(shape) + 0.1
+        return t / t.sum(-1, keepdims=True)
+    return draw
+
+
+def one(draw):
+    return lambda rng: [draw(rng)]
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def norm(x, eps, center):
+    mu = x.mean(-1, keepdims=True) if center else 0.0
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+
+
+def first_max_mask(x, axis):
+    """1 at the first (row-major) maximal element of each group reduced over ``axis``."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    moved = np.moveaxis(x, axes, tuple(range(-len(axes), 0)))
+    flat = moved.reshape(moved.shape[:moved.ndim - len(axes)] + (-1,))
+    mask = np.zeros_like(flat)
+    np.put_along_axis(mask, flat.argmax(-1)[..., None], 1.0, -1)
+    return np.moveaxis(mask.reshape(moved.shape), tuple(range(-len(axes), 0)), axes)
+
+
+def dropout_ref(x, p, seed=0, *, node):
+    u_ = np.array([dropout_uniform(seed, node.id, i) for i in range(x.size)]).reshape(x.shape)
+    return np.where(u_ >= p, x / (1 - p), 0.0)
+
+
+def scatter_add_ref(rows, idx, n_rows):
+    out = np.zeros((n_rows, rows.shape[-1]))
+    np.add.at(out, idx.reshape(-1), rows.reshape(-1, rows.shape[-1]))
+    return out
+
+
+PHI = 1 / math.sqrt(2 * math.pi)
+
+REF = {
+    # binary
+    "add": Case(np.add, lambda r: [u(3, 4)(r), u(4)(r)], "binary"),
+    "sub": Case(np.subtract, lambda r: [u(2, 1, 3)(r), u(4, 1)(r)], "binary"),
+    "mul": Case(np.multiply, lambda r: [u(3, 4)(r), u(3, 1)(r)], "binary"),
+    "div": Case(np.divide, lambda r: [u(3, 4)(r), away0(4)(r)], "binary", domain="positive"),
+    "affine": Case(lambda x, a, b: a * x + b, one(u(3, 4)), "unary", dict(a=-1.5, b=0.5)),
+    # unary
+    "neg": Case(np.negative, one(u(3, 4)), "unary"),
+    "sqr": Case(np.square, one(u(3, 4)), "unary"),
+    "sqrt": Case(np.sqrt, one(u(3, 4, lo=0.3, hi=3)), "unary", domain="positive"),
+    "exp": Case(np.exp, one(u(2, 3, 2)), "unary", domain="bounded"),
+    "log": Case(np.log, one(u(3, 4, lo=0.3, hi=3)), "unary", domain="positive"),
+    "abs": Case(np.abs, one(away0(3, 4)), "unary"),
+    "relu": Case(lambda x: np.maximum(x, 0), one(away0(3, 4)), "unary"),
+    "gelu": Case(lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))), one(u(3, 4, lo=-4, hi=4)), "unary"),
+    "silu": Case(lambda x: x * sigmoid(x), one(u(3, 4, lo=-6, hi=6)), "unary"),
+    "tanh": Case(np.tanh, one(u(3, 4)), "unary"),
+    "sigmoid": Case(sigmoid, one(u(3, 4, lo=-8, hi=8)), "unary"),
+    "copy": Case(np.copy, one(u(5,)), "unary"),
+    "step": Case(lambda x: (x > 0).astype(float), one(away0(3, 4)), "unary", grad=False),
+    "sign": Case(np.sign, one(away0(3, 4)), "unary", grad=False),
+    "gelu_d": Case(lambda x: 0.5 * (1 + erf(x / math.sqrt(2))) + x * PHI * np.exp(-0.5 * x * x),
+                   one(u(3, 4)), "unary"),
+    "gelu_dd": Case(lambda x: PHI * np.exp(-0.5 * x * x) * (2 - x * x), one(u(3, 4)), "unary", grad=False),
+    "silu_d": Case(lambda x: sigmoid(x) * (1 + x * (1 - sigmoid(x))), one(u(3, 4)), "unary"),
+    "silu_dd": Case(lambda x: sigmoid(x) * (1 - sigmoid(x)) * (2 + x * (1 - 2 * sigmoid(x))), one(u(3, 4)),
+                    "unary", grad=False),
+    # reductions
+    "sum": Case(np.sum, one(u(2, 3, 4)), "reduce", dict(axis=(0, 2), keepdims=True)),
+    "mean": Case(np.mean, one(u(3, 4)), "reduce", dict(axis=1, keepdims=False)),
+    "max": Case(np.max, one(distinct(2, 3, 4)), "reduce", dict(axis=(1, 2), keepdims=True)),
+    "broadcast": Case(np.broadcast_to, one(u(3, 1)), "shape", dict(shape=(2, 3, 4)),
+                      fuzz_kw=lambda s: dict(shape=(3, s[1])) if s[0] == 1 else None),
+    "max_mask": Case(first_max_mask, one(u(3, 4)), "reduce", dict(axis=1), grad=False),
+    # shape
+    "reshape": Case(np.reshape, one(u(2, 3, 4)), "shape", dict(shape=(6, 4)),
+                    fuzz_kw=lambda s: dict(shape=(1, s[0] * s[1]))),
+    "transpose": Case(np.transpose, one(u(2, 3, 4)), "shape", dict(axes=(2, 0, 1)), fuzz_kw=lambda s: dict(axes=(1, 0))),
+    "concat": Case(lambda *xs, axis: np.concatenate(xs, axis), lambda r: [u(2, 3)(r), u(2, 1)(r), u(2, 2)(r)],
+                   "shape", dict(axis=1), call=lambda f, *ts, axis: f(list(ts), axis),
+                   fuzz_kw=lambda a, b: dict(axis=0) if a[1] == b[1] else None),
+    "slice": Case(lambda x, axis, start, stop: np.take(x, range(start, stop), axis), one(u(3, 5)), "shape",
+                  dict(axis=1, start=1, stop=4), fuzz_kw=lambda s: dict(axis=1, start=0, stop=s[1] - 1) if s[1] > 1
+                  else None),
+    "pad": Case(lambda x, axis, before, after: np.pad(x, [(before, after) if a == axis else (0, 0)
+                                                        for a in range(x.ndim)]),
+                one(u(3, 2)), "shape", dict(axis=0, before=1, after=2),
+                fuzz_kw=lambda s: dict(axis=0, before=1, after=0)),
+    # contraction
+    "matmul": Case(np.matmul, lambda r: [u(2, 3, 4)(r), u(4, 5)(r)], "matmul"),
+    # row kernels
+    "softmax": Case(softmax, one(u(3, 5)), "rowwise", dict(axis=-1)),
+    "log_softmax": Case(lambda x, axis: np.log(softmax(x, axis)), one(u(3, 5)), "rowwise", dict(axis=0)),
+    "cross_entropy": Case(lambda x, t: -(t * np.log(softmax(x))).sum(-1).mean(), lambda r: [u(4, 5)(r),
+                                                                                             probs(4, 5)(r)],
+                          "loss"),
+    "layer_norm": Case(lambda x, eps: norm(x, eps, True), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
+    "rms_norm": Case(lambda x, eps: norm(x, eps, False), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
+    "norm_rstd": Case(lambda x, eps, center: 1 / np.sqrt(((x - (x.mean(-1, keepdims=True) if center else 0)) ** 2)
+                                                       .mean(-1, keepdims=True) + eps),
+                      one(u(3, 6)), "rowwise", dict(eps=1e-5, center=True)),
+    # gathers
+    "embedding": Case(lambda T, i: T[i], lambda r: [u(5, 3)(r), np.array([[0, 2], [2, 4], [1, 1]])], "gather"),
+    "scatter_add": Case(scatter_add_ref, lambda r: [u(4, 3)(r), np.array([1, 0, 1, 3])], "gather",
+                        dict(n_rows=5)),
+    # randomness
+    "dropout": Case(dropout_ref, one(u(6, 7)), "unary", dict(p=0.3, seed=5), node=True),
+}
+
+FUZZ_FAMILIES = ("unary", "binary", "reduce", "rowwise", "shape", "matmul", "gather", "loss")
+
+
+def build(op, builder: Callable, tensors: list, kw: dict) -> Any:
+    """Apply the op's builder the way its Case says."""
+    case = REF[op]
+    return case.call(builder, *tensors, **kw) if case.call else builder(*tensors, **kw)
+
+
+def reference(op, arrays: list, kw: dict, node=None) -> np.ndarray:
+    case = REF[op]
+    if case.node:
+        kw = dict(kw, node=node)
+    return np.asarray(case.ref(*arrays, **kw), dtype=np.float64)

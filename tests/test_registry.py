@@ -1,0 +1,91 @@
+"""The op table is the single source of truth: stable opcodes, a numpy reference
+and a fuzz family for every op, and exports / docs derived from it."""
+import os
+import re
+
+import pytest
+
+import jitgraph as jg
+from jitgraph import registry
+from jitgraph.registry import NO_GRAD, OPS, ZERO_GRAD
+
+from .naive import FUZZ_FAMILIES, REF
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Append-only: an op's code never changes and is never reused (cached code dispatches by it).
+PINNED = {
+    "nop": 0, "input": 1, "param": 2, "const": 3, "add": 4, "sub": 5, "mul": 6, "div": 7, "neg": 8, "affine": 9,
+    "sqr": 10, "sqrt": 11, "exp": 12, "log": 13, "abs": 14, "relu": 15, "gelu": 16, "silu": 17, "tanh": 18,
+    "sigmoid": 19, "copy": 20, "step": 21, "sign": 22, "gelu_d": 23, "gelu_dd": 24, "silu_d": 25, "silu_dd": 26,
+    "sum": 27, "mean": 28, "max": 29, "broadcast": 30, "max_mask": 31, "reshape": 32, "transpose": 33,
+    "concat": 34, "slice": 35, "pad": 36, "matmul": 37, "softmax": 38, "log_softmax": 39, "cross_entropy": 40,
+    "layer_norm": 41, "rms_norm": 42, "norm_rstd": 43, "dropout": 44, "embedding": 45, "scatter_add": 46,
+}
+LEAVES = {"nop", "input", "param", "const"}
+
+
+def test_pinned_opcodes_never_change():
+    for name, code in PINNED.items():
+        assert name in registry.BY_NAME, f"op {name!r} (code {code}) disappeared; codes are never reused"
+        assert registry.BY_NAME[name].code == code, f"op {name!r} changed its opcode"
+
+
+def test_new_opcodes_are_appended_and_unique():
+    codes = [op.code for op in OPS.values()]
+    assert len(codes) == len(set(codes))
+    for op in OPS.values():
+        if op.name not in PINNED:
+            assert op.code > max(PINNED.values()), f"new op {op.name!r} must take a new code, got {op.code}"
+    with pytest.raises(ValueError, match="already taken"):
+        registry.defop(4, "another_add", arity=2, kind=registry.LEAF)
+
+
+def test_every_op_has_a_reference_a_fuzz_family_and_a_gradient_entry():
+    ops = {op.name for op in OPS.values()} - LEAVES
+    assert ops - set(REF) == set(), f"ops without a line in tests/naive.py: {sorted(ops - set(REF))}"
+    assert set(REF) - ops == set(), f"references of unknown ops: {sorted(set(REF) - ops)}"
+    for name, case in REF.items():
+        op = registry.BY_NAME[name]
+        assert case.fuzz in FUZZ_FAMILIES, f"{name}: unknown fuzz family {case.fuzz!r}"
+        assert op.builder is not None, f"{name}: no builder"
+        if case.grad:
+            assert callable(op.vjp), f"{name}: the reference expects a gradient but the op has no rule"
+        else:
+            assert op.vjp is NO_GRAD or op.vjp is ZERO_GRAD or not case.grad, name
+
+
+def test_each_op_knows_its_family_kind_and_cost():
+    for op in OPS.values():
+        assert op.kind in registry.KINDS and op.cost in (registry.COMPUTE, registry.MEMORY, registry.FREE)
+        assert op.family in ("leaf", "binary", "unary", "reduce", "shape", "linear", "rowwise", "gather",
+                             "stochastic") or op.family, op
+        assert (op.runner is None) == (op.kind in (registry.LEAF, registry.VIEW))
+
+
+def test_exports_are_the_public_builders():
+    for op in OPS.values():
+        if op.public:
+            name = op.builder.__name__
+            assert name in jg.__all__, f"public op {op.name!r} is not exported as jitgraph.{name}"
+            assert getattr(jg, name) is op.builder
+    internal = {op.builder.__name__ for op in OPS.values() if op.builder is not None and not op.public}
+    assert not internal & set(jg.__all__), "internal ops must not be exported"
+    for name in jg.__all__:
+        assert hasattr(jg, name), name
+
+
+def test_readme_lists_every_public_op():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("### Operations"):]
+    section = section[:section.index("\n## ")]
+    missing = [op.builder.__name__ for op in OPS.values()
+               if op.public and not re.search(rf"(?<![\w.]){op.builder.__name__}(?!\w)", section)]
+    assert not missing, f"README's Operations section does not mention {missing}"
+
+
+def test_in_place_ops_are_the_elementwise_kind():
+    kinds = registry.table("kind")
+    for op in OPS.values():
+        assert (kinds[op.code] == registry.KINDS.index(registry.ELEMENTWISE)) == (op.kind == registry.ELEMENTWISE)
