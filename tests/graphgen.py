@@ -23,8 +23,8 @@ DIMS = (1, 2, 3, 4)
 BY_FAMILY = {}
 for _name, _case in REF.items():
     BY_FAMILY.setdefault(_case.fuzz, []).append(_name)
-FAMILY_DRAWS = ("unary", "unary", "binary", "binary", "reduce", "rowwise", "shape", "shape", "matmul", "gather",
-                "loss")
+FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "shape",
+                                  "shape", "matmul", "gather", "loss") if f in BY_FAMILY)
 EMBED_ROWS = 5
 
 

@@ -28,6 +28,7 @@ class Case:
     domain: str = "any"                 # fuzz operand domain: any, positive (log, sqrt), bounded (exp)
     node: bool = False                  # ref needs the jitgraph node (dropout: its mask)
     fuzz_kw: Optional[Callable] = None  # shape ops: fuzz_kw(*operand shapes) -> kw, or None if not applicable
+    wrt: Optional[tuple] = None         # the arguments a gradient check differentiates (default: every float one)
 
 
 def u(*shape, lo=-2.0, hi=2.0):
@@ -162,7 +163,7 @@ REF = {
     "dropout": Case(dropout_ref, one(u(6, 7)), "unary", dict(p=0.3, seed=5), node=True),
 }
 
-FUZZ_FAMILIES = ("unary", "binary", "reduce", "rowwise", "shape", "matmul", "gather", "loss")
+FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "shape", "matmul", "gather", "loss")
 
 
 def build(op, builder: Callable, tensors: list, kw: dict) -> Any:

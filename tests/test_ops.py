@@ -40,7 +40,7 @@ def test_gradient_matches_finite_differences(name):
     case = REF[name]
     args = _example(name, seed=1)
     fn = lambda *ts: build(name, BY_NAME[name].builder, list(ts), case.kw)     # noqa: E731
-    res = jg.check_grads(fn, args)            # each coordinate within 1e-9 + 1e-6 x its magnitude
+    res = jg.check_grads(fn, args, wrt=case.wrt)   # each coordinate within 1e-9 + 1e-6 x its magnitude
     assert res.ok and res.n_checked > 0, res
 
 
