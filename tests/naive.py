@@ -99,6 +99,7 @@ REF = {
     "sub": Case(np.subtract, lambda r: [u(2, 1, 3)(r), u(4, 1)(r)], "binary"),
     "mul": Case(np.multiply, lambda r: [u(3, 4)(r), u(3, 1)(r)], "binary"),
     "div": Case(np.divide, lambda r: [u(3, 4)(r), away0(4)(r)], "binary", domain="positive"),
+    "where": Case(lambda c, a, b: np.where(c != 0, a, b), lambda r: [(r.random((3, 1)) < 0.5) * 1.0, u(3, 4)(r), u(4)(r)], "select", wrt=(1, 2)),
     "affine": Case(lambda x, a, b: a * x + b, one(u(3, 4)), "unary", dict(a=-1.5, b=0.5)),
     # unary
     "neg": Case(np.negative, one(u(3, 4)), "unary"),

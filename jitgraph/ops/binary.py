@@ -6,6 +6,7 @@ Calling convention: a runner hands its op code to :func:`binary`, which
 broadcasts node n's two sources to n's shape (strides 0 along broadcast dims);
 Numba compiles the loop for the literal code, so each op has its own loop.
 """
+import numpy as np
 from numba import njit
 
 from ..emit import grad_node, grad_node_fp
@@ -13,12 +14,13 @@ from ..errors import GraphError
 from ..graph import Operand, Tensor
 from ..native import operand, output, rule_view, run_view
 from ..registry import ELEMENTWISE, defop
-from ..status import OK
+from ..status import NO_CONTRIBUTION, OK
 from .common import KERNEL, as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 
-__all__ = ["add", "sub", "mul", "div", "scale"]
+__all__ = ["add", "sub", "mul", "div", "scale", "where"]
 
 ADD, SUB, MUL, DIV, AFFINE = 4, 5, 6, 7, 9
+WHERE = 47
 
 
 # ---- the family's calling convention ------------------------------------------------------------
@@ -244,3 +246,62 @@ def _vjp_affine(n, k, g, ctx):                 # a*g (x + c passes g through)
 
 
 defop(AFFINE, "affine", affine, _run_affine, _vjp_affine, arity=1, kind=ELEMENTWISE, public=False)
+
+
+# ---- where: a where cond else b -----------------------------------------------------------------
+def where(cond: Operand, a: Operand, b: Operand) -> Tensor:
+    """``a`` where ``cond`` is nonzero, else ``b``; the three broadcast together (numpy's
+    rules).  ``cond`` is a 0/1 mask (an input, a const, a comparison) and gets no
+    gradient; ``a`` and ``b`` get the gradient where they were chosen."""
+    g = graph_of("where", cond, a, b)
+    tc, ta, tb = (as_tensor(x, g, "where") for x in (cond, a, b))
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(tc.shape, ta.shape, tb.shape))
+    except ValueError:
+        raise GraphError(f"where: shapes of cond {tc.label!r} {tc.shape}, {ta.label!r} {ta.shape} and "
+                         f"{tb.label!r} {tb.shape} do not broadcast") from None
+    return g._node(WHERE, (tc.id, ta.id, tb.id), shape)
+
+
+@njit(**KERNEL)
+def _where_run(out, o, c, ic, sc, a, ia, sa, b, ib, sb, n):
+    for j in range(n):
+        out[o + j] = a[ia + j * sa] if c[ic + j * sc] != 0.0 else b[ib + j * sb]
+
+
+@njit(**KERNEL, inline="always")
+def _where(v, n):
+    out = output(v, n)
+    c = operand(v, n, 0)
+    a = operand(v, n, 1)
+    b = operand(v, n, 2)
+    shape = v.shape
+    c0, c1, c2, c3 = bcast_strides(shape, v.src[n, 0])
+    a0, a1, a2, a3 = bcast_strides(shape, v.src[n, 1])
+    b0, b1, b2, b3 = bcast_strides(shape, v.src[n, 2])
+    inner = shape[n, 3]
+    o = 0
+    for i0 in range(shape[n, 0]):
+        for i1 in range(shape[n, 1]):
+            for i2 in range(shape[n, 2]):
+                _where_run(out, o, c, i0 * c0 + i1 * c1 + i2 * c2, c3, a, i0 * a0 + i1 * a1 + i2 * a2, a3,
+                           b, i0 * b0 + i1 * b1 + i2 * b2, b3, inner)
+                o += inner
+    return OK
+
+
+def _run_where(n, ctx, mem, store):
+    return _where(run_view(ctx, mem, store), n)
+
+
+def _vjp_where(n, k, g, ctx):                  # g where chosen, 0 elsewhere; the mask gets nothing
+    if k == 0:
+        return NO_CONTRIBUTION
+    G, st = rule_view(ctx)
+    zero = grad_node_fp(G, st, AFFINE, g, 0.0, 0.0, n, k)
+    t = grad_node(G, st, WHERE, G.src[n, 0], g if k == 1 else zero, n, n, k)
+    G.src[t, 2] = zero if k == 1 else g
+    return t
+
+
+defop(WHERE, "where", where, _run_where, _vjp_where, arity=3, kind=ELEMENTWISE)
