@@ -109,6 +109,7 @@ REF = {
     "log": Case(np.log, one(u(3, 4, lo=0.3, hi=3)), "unary", domain="positive"),
     "abs": Case(np.abs, one(away0(3, 4)), "unary"),
     "relu": Case(lambda x: np.maximum(x, 0), one(away0(3, 4)), "unary"),
+    "leaky_relu": Case(lambda x, slope: np.where(x > 0, x, slope * x), one(away0(3, 4)), "unary", dict(slope=0.2)),
     "gelu": Case(lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))), one(u(3, 4, lo=-4, hi=4)), "unary"),
     "silu": Case(lambda x: x * sigmoid(x), one(u(3, 4, lo=-6, hi=6)), "unary"),
     "tanh": Case(np.tanh, one(u(3, 4)), "unary"),

@@ -10,18 +10,21 @@ import math
 from numba import njit
 
 from ..emit import grad_node, grad_node_fp
+from ..errors import GraphError
 from ..graph import Tensor
 from ..native import operand, output, rule_view, run_view
 from ..registry import ELEMENTWISE, ZERO_GRAD, defop
 from ..status import OK
 from .binary import AFFINE, DIV, MUL
-from .common import KERNEL, need_tensor
+from .common import KERNEL, is_scalar, need_tensor
 
-__all__ = ["neg", "sqr", "sqrt", "exp", "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy"]
+__all__ = ["neg", "sqr", "sqrt", "exp", "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy",
+           "leaky_relu"]
 
 NEG = 8
 SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = range(10, 21)
 STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD = range(21, 27)
+LEAKY_RELU = 48
 
 _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -113,6 +116,10 @@ def unary(v, n, code):
             a = x[i]
             s = _sigmoid(a)
             out[i] = s * (1.0 - s) * (2.0 + a * (1.0 - 2.0 * s))
+    elif code == LEAKY_RELU:  # x if x > 0 else slope x
+        for i in range(size):
+            a = x[i]
+            out[i] = a if a > 0.0 else p0 * a
     return OK
 
 
@@ -414,3 +421,26 @@ def _run_silu_dd(n, ctx, mem, store):
 
 
 defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, flops=12, public=False)
+
+
+# ---- leaky_relu -----------------------------------------------------------------------------------
+def leaky_relu(t: Tensor, slope: float = 0.01) -> Tensor:
+    """t where t > 0, else slope * t; its gradient at 0 is ``slope`` (as relu's is 0)."""
+    t = need_tensor(t, "leaky_relu")
+    if not is_scalar(slope):
+        raise GraphError(f"leaky_relu of {t.label!r}: slope must be a real number, got {slope!r}")
+    return _unary(LEAKY_RELU, "leaky_relu", t, (float(slope),))
+
+
+def _run_leaky_relu(n, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, LEAKY_RELU)
+
+
+def _vjp_leaky_relu(n, k, g, ctx):             # g * (slope + (1 - slope) [x > 0])
+    G, st = rule_view(ctx)
+    slope = G.fp[n, 0]
+    d = grad_node(G, st, STEP, G.src[n, 0], -1, n, n, k)
+    return grad_node(G, st, MUL, g, grad_node_fp(G, st, AFFINE, d, 1.0 - slope, slope, n, k), n, n, k)
+
+
+defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, _vjp_leaky_relu, arity=1, kind=ELEMENTWISE, flops=2)
