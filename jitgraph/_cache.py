@@ -43,8 +43,8 @@ def source_key() -> str:
         h.update(os.path.relpath(path, PACKAGE_DIR).encode())
         with open(path, "rb") as f:
             h.update(f.read())
-    h.update(repr((numba.__version__, llvmlite.__version__, sys.version_info[:3], config.BOUNDSCHECK,
-                   config.OPT, config.FASTMATH if hasattr(config, "FASTMATH") else None)).encode())
+    flags = tuple(getattr(config, name, None) for name in ("BOUNDSCHECK", "OPT", "FASTMATH"))
+    h.update(repr((numba.__version__, llvmlite.__version__, sys.version_info[:3], flags)).encode())
     return h.hexdigest()[:16]
 
 
@@ -125,7 +125,7 @@ def install() -> None:
         classes.insert(0, JitgraphCacheLocator)
     chosen = getattr(config, "CACHE_LOCATOR_CLASSES", "")       # NUMBA_CACHE_LOCATOR_CLASSES overrides the list
     if chosen and "JitgraphCacheLocator" not in chosen:
-        config.CACHE_LOCATOR_CLASSES = "jitgraph._cache.JitgraphCacheLocator," + chosen
+        setattr(config, "CACHE_LOCATOR_CLASSES", "jitgraph._cache.JitgraphCacheLocator," + chosen)
     os.makedirs(CACHE_DIR, exist_ok=True)
     os.utime(CACHE_DIR)                # "recently used", for pruning
     _prune(ROOT, CACHE_DIR)

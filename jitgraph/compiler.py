@@ -19,9 +19,9 @@ MISSING = 0        # not compiled (runners) / no gradient rule (rules)
 RULE_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.CPointer(types.int64))
 
 _lock = threading.RLock()
-_keep = {}                 # (kind, code, dtype) -> the compiled CFunc (the tables hold raw addresses)
-_runner_tables = {}        # dtype name -> int64 address table
-_rule_table = []           # [table] once made
+_keep: dict = {}                 # (kind, code, dtype) -> the compiled CFunc (the tables hold raw addresses)
+_runner_tables: dict = {}        # dtype name -> int64 address table
+_rule_table: list = []           # [table] once made
 
 
 def runner_signature(dtype):

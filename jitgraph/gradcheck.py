@@ -1,5 +1,6 @@
 """jg.check_grads: compare build_backward's gradients with central differences."""
 from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -25,14 +26,15 @@ class GradCheckResult:
     analytic: list = field(default_factory=list)
     numeric: list = field(default_factory=list)
 
-    def __str__(self):
+    def __str__(self) -> str:
         state = "ok" if self.ok else "MISMATCH"
         return (f"check_grads {state}: max rel error {self.max_rel_error:.3g}, max abs error "
                 f"{self.max_abs_error:.3g} over {self.n_checked} coordinates ({self.n_skipped} skipped near kinks)")
 
 
-def check_grads(fn, args, *, wrt=None, eps=1e-6, rtol=1e-6, atol=1e-9, kink_tol=1e-3, seed=0,
-                raise_on_failure=True):
+def check_grads(fn: Callable[..., Tensor], args: Sequence[Any], *, wrt: Optional[Sequence[int]] = None,
+                eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1e-9, kink_tol: float = 1e-3, seed: int = 0,
+                raise_on_failure: bool = True) -> GradCheckResult:
     """Check the gradients of ``fn`` at ``args`` against central finite differences.
 
     ``fn(*tensors)`` builds a graph and returns a Tensor.  Each float array in

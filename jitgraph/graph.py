@@ -6,7 +6,7 @@ handle ``(graph, node id)``; ops are plain functions in ``jitgraph.ops``, and a
 Tensor's operators call them through the op table.
 """
 import numbers
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,7 +30,7 @@ def _check_dtype(dtype):
     return dt
 
 
-def check_shape(shape, what):
+def check_shape(shape: Any, what: str) -> tuple:
     """A shape tuple of 0..4 positive ints, or GraphError naming ``what``."""
     if isinstance(shape, numbers.Integral):
         shape = (shape,)
@@ -50,7 +50,7 @@ def check_shape(shape, what):
     return tuple(out)
 
 
-def as_numeric_array(value, what):
+def as_numeric_array(value: Any, what: str) -> np.ndarray:
     """``value`` as a real numeric numpy array, or GraphError naming ``what``."""
     try:
         arr = np.asarray(value)
@@ -69,20 +69,20 @@ class Graph:
     >>> W = g.param(np.random.randn(32, 16), name="W")
     """
 
-    def __init__(self, dtype=np.float32, capacity=256):
+    def __init__(self, dtype: Any = np.float32, capacity: int = 256) -> None:
         self.dtype = _check_dtype(dtype)
         self.nodes = NodeTable(capacity)
-        self.shapes = {}          # node id -> unpadded shape tuple (cache; jitted passes skip it)
-        self.names = {}           # node id -> name
-        self._ids_by_name = {}
+        self.shapes: Dict[int, tuple] = {}          # node id -> unpadded shape tuple (cache; jitted passes skip it)
+        self.names: Dict[int, str] = {}           # node id -> name
+        self._ids_by_name: Dict[str, int] = {}
         self._store = np.zeros(0, self.dtype)  # values of params and consts, packed
         self._packed = 0                         # elements of _store in use
-        self._pending = []                       # values added since the last packing
+        self._pending: List[np.ndarray] = []                       # values added since the last packing
         self.store_used = 0                      # elements of the store, pending included
-        self.params = []          # param node ids, in creation order
+        self.params: List[int] = []          # param node ids, in creation order
         self._segment_depth = 0   # > 0 while jg.checkpoint builds a segment
-        self.grads = {}           # param id -> (backward program, index) that last computed its gradient
-        self.grads_owner = None   # the backward program every entry of grads points at, if one does
+        self.grads: Dict[int, Any] = {}           # param id -> (backward program, index) that last computed its gradient
+        self.grads_owner: Any = None   # the backward program every entry of grads points at, if one does
         self.grads_version = 0    # bumped whenever grads changes (optimizers cache on it)
 
     # ---- nodes -----------------------------------------------------------------
@@ -91,13 +91,13 @@ class Graph:
         self.shapes[n] = shape
         return Tensor(self, n, shape)
 
-    def shape_of(self, n):
+    def shape_of(self, n: int) -> tuple:
         s = self.shapes.get(n)
         if s is None:                    # appended by a jitted pass
             s = self.shapes[n] = self.nodes.shape_of(n)
         return s
 
-    def label(self, n):
+    def label(self, n: int) -> str:
         """How messages and pictures name node n: its name, else op#id."""
         name = self.names.get(n)
         if name is not None:
@@ -118,7 +118,7 @@ class Graph:
         self.names[n] = name
         self._ids_by_name[name] = n
 
-    def tensor(self, key):
+    def tensor(self, key: Union[str, int]) -> "Tensor":
         """The tensor with this name (or node id)."""
         if isinstance(key, str):
             n = self._ids_by_name.get(key)
@@ -129,10 +129,10 @@ class Graph:
             return Tensor(self, int(key))
         raise GraphError(f"no tensor {key!r} in this graph")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.nodes.n
 
-    def scratch_copy(self):
+    def scratch_copy(self) -> "Graph":
         """A graph with a copy of the node table and the same values, for planning
         experiments that must not touch this graph."""
         other = Graph(self.dtype)
@@ -147,7 +147,7 @@ class Graph:
 
     # ---- leaves ----------------------------------------------------------------
     @property
-    def store(self):
+    def store(self) -> np.ndarray:
         """One array holding every param's and const's value (64-byte aligned slots).
 
         New values queue up and are packed into one exactly-sized array the first
@@ -183,7 +183,7 @@ class Graph:
         self._set_name(t.id, name)
         return t
 
-    def input(self, shape, name=None, dtype=None):
+    def input(self, shape: Union[int, Sequence[int]], name: Optional[str] = None, dtype: Any = None) -> "Tensor":
         """A placeholder fed at run time.  ``dtype`` may be an integer type for an
         index input (embedding indices); otherwise the graph's float dtype."""
         what = f"input {name!r}" if name else "input"
@@ -199,13 +199,13 @@ class Graph:
         self._set_name(t.id, name)
         return t
 
-    def param(self, value, name=None):
+    def param(self, value: Any, name: Optional[str] = None) -> "Tensor":
         """A trainable leaf with an initial value (copied, cast to the graph dtype)."""
         t = self._leaf_with_value(PARAM, F_PARAM, value, name, f"param {name!r}" if name else "param")
         self.params.append(t.id)
         return t
 
-    def const(self, value, name=None):
+    def const(self, value: Any, name: Optional[str] = None) -> "Tensor":
         """A constant leaf; never gets a gradient."""
         return self._leaf_with_value(CONST, F_CONST, value, name, f"const {name!r}" if name else "const")
 
@@ -282,60 +282,60 @@ class Tensor:
     def T(self) -> "Tensor":
         return _op("transpose")(self)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((id(self.graph), self.id))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Tensor) and other.graph is self.graph and other.id == self.id
 
-    def __ne__(self, other):
+    def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return True
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def size(self):
+    def size(self) -> int:
         s = 1
         for d in self.shape:
             s *= d
         return s
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return self.graph.dtype
 
     @property
-    def op(self):
+    def op(self) -> str:
         return OPS[int(self.graph.nodes.op[self.id])].name
 
     @property
-    def flags(self):
+    def flags(self) -> list:
         return flag_names(int(self.graph.nodes.flags[self.id]))
 
     @property
-    def sources(self):
+    def sources(self) -> list:
         return [Tensor(self.graph, s) for s in self.graph.nodes.sources(self.id)]
 
     @property
-    def name(self):
+    def name(self) -> Optional[str]:
         return self.graph.names.get(self.id)
 
     @name.setter
-    def name(self, value):
+    def name(self, value: Optional[str]) -> None:
         self.graph._set_name(self.id, value)
 
-    def named(self, name):
+    def named(self, name: str) -> "Tensor":
         """Set the name and return self: ``h = jg.relu(x @ W).named("h")``."""
         self.graph._set_name(self.id, name)
         return self
 
     @property
-    def label(self):
+    def label(self) -> str:
         return self.graph.label(self.id)
 
     def _store_slice(self):
@@ -347,13 +347,13 @@ class Tensor:
         return off, off + self.size
 
     @property
-    def value(self):
+    def value(self) -> np.ndarray:
         """A copy of a param's or const's current value."""
         a, b = self._store_slice()
         return self.graph.store[a:b].reshape(self.shape).copy()
 
     @value.setter
-    def value(self, new):
+    def value(self, new: Any) -> None:
         a, b = self._store_slice()
         arr = as_numeric_array(new, f"value of {self.label!r}")
         if arr.shape != self.shape:
@@ -361,7 +361,7 @@ class Tensor:
         self.graph.store[a:b] = arr.reshape(-1)
 
     @property
-    def grad(self):
+    def grad(self) -> np.ndarray:
         """The gradient of the last backward run that computed it (a numpy array)."""
         g = self.graph
         if not int(g.nodes.flags[self.id]) & F_PARAM:
@@ -372,7 +372,7 @@ class Tensor:
         program, index = got
         return program._grad_value(index)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         kind = ",".join(self.flags) or self.op
         return f"<Tensor {self.label!r} {self.op} shape={self.shape} {self.dtype.name} [{kind}]>"
 
@@ -381,7 +381,7 @@ class Tensor:
         nodes = self.graph.nodes
         return topo_order(nodes.src, nodes.n, np.array([self.id], np.int64))[1]
 
-    def to_dot(self, max_nodes=200, legend=True, rankdir="TB"):
+    def to_dot(self, max_nodes: int = 200, legend: bool = True, rankdir: str = "TB") -> str:
         """Graphviz DOT text of everything this tensor depends on."""
         return to_dot(self.graph, self._ancestry(), max_nodes=max_nodes, legend=legend, rankdir=rankdir,
                       title=f"{self.label} {self.shape}")

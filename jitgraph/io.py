@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import zipfile
+from typing import Any, Dict, Union
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def _graph_of(obj):
                      "or a dict of them")
 
 
-def save(path, obj):
+def save(path: Union[str, "os.PathLike[str]"], obj: Any) -> None:
     """Save ``obj`` -- a Graph, a Tensor, a ForwardGraph / BackwardGraph, an optimizer,
     or a dict {name: any of these} sharing one graph -- to ``path`` (.npz)."""
     items = obj if isinstance(obj, dict) else {"": obj}
@@ -64,7 +65,7 @@ def save(path, obj):
     for i, (key, v) in enumerate(items.items()):
         if not isinstance(key, str):
             raise GraphError(f"save: dict keys must be strings, got {key!r}")
-        rec = {"key": key}
+        rec: Dict[str, Any] = {"key": key}
         if isinstance(v, Graph):
             rec["kind"] = "graph"
         elif isinstance(v, Tensor):
@@ -94,7 +95,7 @@ def save(path, obj):
         np.savez(f, **arrays)
 
 
-def load(path):
+def load(path: Union[str, "os.PathLike[str]"]) -> Any:
     """Load what ``save`` wrote: the same kind of object (or dict of objects)."""
     if not os.path.exists(path):
         raise GraphError(f"load: no file {path!r}")

@@ -91,7 +91,17 @@ class NodeTable:
     more), which keeps graph building from Python near 1 microsecond per node.
     """
 
-    def __init__(self, capacity=256):
+    op: np.ndarray
+    src: np.ndarray
+    ndim: np.ndarray
+    shape: np.ndarray
+    ip: np.ndarray
+    fp: np.ndarray
+    flags: np.ndarray
+    origin: np.ndarray
+    rule: np.ndarray
+
+    def __init__(self, capacity: int = 256) -> None:
         self.n = 0
         self._allocate(max(int(capacity), 16))
 

@@ -9,12 +9,13 @@ gradients of the backward run that last computed each param's gradient
 (``W.grad``); params without one are skipped, as in PyTorch.
 """
 import math
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from numba import njit
 
 from .errors import GraphError
-from .graph import Tensor
+from .graph import Graph, Tensor
 
 
 @njit(cache=True)
@@ -68,11 +69,11 @@ class Optimizer:
 
     kind = "Optimizer"
 
-    def __init__(self, params, lr, clip_norm):
+    def __init__(self, params: Sequence[Tensor], lr: float, clip_norm: Optional[float]) -> None:
         params = list(params)
         if not params:
             raise GraphError(f"{self.kind}: needs at least one param")
-        g = None
+        g: Optional[Graph] = None
         for p in params:
             if not isinstance(p, Tensor) or "param" not in p.flags:
                 label = p.label if isinstance(p, Tensor) else type(p).__name__
@@ -83,7 +84,8 @@ class Optimizer:
                 raise GraphError(f"{self.kind}: params {params[0].label!r} and {p.label!r} belong to different graphs")
         if len({p.id for p in params}) != len(params):
             raise GraphError(f"{self.kind}: a param is listed twice")
-        self.graph = g
+        assert g is not None
+        self.graph: Graph = g
         self.params = params
         self.lr = _positive(lr, "lr", self.kind, allow_zero=True)
         self.clip_norm = None if clip_norm is None else _positive(clip_norm, "clip_norm", self.kind)
@@ -92,7 +94,7 @@ class Optimizer:
         self._s_off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self.n_state = int(sizes.sum())
         self.step_count = 0
-        self.last_grad_norm = None
+        self.last_grad_norm: Optional[float] = None
         self._cache = None
 
     def _groups(self):
@@ -127,7 +129,7 @@ class Optimizer:
             out.append((program.mem, a[:, 0].copy(), a[:, 1].copy(), self._sizes[a[:, 2]], self._s_off[a[:, 2]]))
         return out
 
-    def step(self):
+    def step(self) -> None:
         """Update every param from its current gradient (W.grad)."""
         groups = self._groups()
         if not groups:
@@ -144,18 +146,25 @@ class Optimizer:
         for mem, p_off, g_off, sizes, s_off in groups:
             self._update(store, mem, p_off, g_off, sizes, s_off, scale)
 
+    def _update(self, store: np.ndarray, mem: np.ndarray, p_off: np.ndarray, g_off: np.ndarray, sizes: np.ndarray,
+                s_off: np.ndarray, scale: float) -> None:
+        raise NotImplementedError
+
+    def _state(self) -> Dict[str, np.ndarray]:
+        raise NotImplementedError
+
     # -- state --
     def _hyper(self):
         return {"lr": self.lr, "clip_norm": self.clip_norm}
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Hyper-parameters, step count and state arrays (copies), plus the param
         names and shapes they belong to."""
         return {"kind": self.kind, "step": self.step_count, "hyper": self._hyper(),
                 "params": [(p.name or p.label, p.shape) for p in self.params],
                 "state": {k: a.copy() for k, a in self._state().items()}}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("kind") != self.kind:
             got = state.get("kind") if isinstance(state, dict) else type(state).__name__
             raise GraphError(f"{self.kind}.load_state_dict: expects a {self.kind} state, got {got!r}")
@@ -187,8 +196,8 @@ class SGD(Optimizer):
 
     kind = "SGD"
 
-    def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 clip_norm=None):
+    def __init__(self, params: Sequence[Tensor], lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, clip_norm: Optional[float] = None) -> None:
         super().__init__(params, lr, clip_norm)
         self.momentum = _positive(momentum, "momentum", self.kind, allow_zero=True)
         self.dampening = _positive(dampening, "dampening", self.kind, allow_zero=True)
@@ -216,7 +225,8 @@ class AdamW(Optimizer):
 
     kind = "AdamW"
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip_norm=None):
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, clip_norm: Optional[float] = None) -> None:
         super().__init__(params, lr, clip_norm)
         try:
             b1, b2 = (float(b) for b in betas)

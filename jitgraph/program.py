@@ -4,7 +4,7 @@
 (autodiff.py) returns a BackwardGraph, a Program whose order also holds the
 gradient nodes.
 """
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -19,6 +19,8 @@ from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
 from .status import ERR_INDEX, ERR_NOT_COMPILED
 from .viz import describe, plot_memory, render_svg, rich_html, to_dot
+
+Feeds = Mapping[Any, Any]     # {input tensor or its name: array}
 
 
 def _salt(seed):
@@ -56,7 +58,8 @@ def execution_order(graph, roots, what):
 class Program:
     """An execution order over a graph's nodes with a memory plan."""
 
-    def __init__(self, graph, order, outputs, single, io_nodes=(), in_place=True):
+    def __init__(self, graph: Graph, order: Any, outputs: List[Tensor], single: bool, io_nodes: Any = (),
+                 in_place: bool = True) -> None:
         """``order``: an execution order, or a list of candidate orders (the one whose
         plan peaks lowest is kept)."""
         self.graph = graph
@@ -72,33 +75,33 @@ class Program:
         self.arena_elems = int(arena_elems)
         self.io_elems = int(io_elems)
         self.n_in_place = int(n_in_place)
-        self._mem = None          # run buffer [arena | io], allocated by the first run
+        self._mem: Optional[np.ndarray] = None          # run buffer [arena | io], allocated by the first run
         in_order = (nodes.flags[self.order] & F_INPUT) != 0
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
 
     # ---- sizes --------------------------------------------------------------------
     @property
-    def itemsize(self):
+    def itemsize(self) -> int:
         return self.graph.dtype.itemsize
 
     def _is_view(self):
         return table("kind")[self.graph.nodes.op[self.order]] == K_VIEW
 
     @property
-    def peak_bytes(self):
+    def peak_bytes(self) -> int:
         """Bytes of the arena that run() allocates: the plan's high-water mark."""
         return self.arena_elems * self.itemsize
 
     @property
-    def persistent_bytes(self):
+    def persistent_bytes(self) -> int:
         """Inputs (io buffer) plus the params and consts this program reads."""
         nodes = self.graph.nodes
         leaf = self.order[(self.loc[self.order] == LOC_STORE) & ~self._is_view()]  # views: no bytes
         sizes = nodes.shape[leaf].prod(axis=1)
         return int(self.io_elems + sizes.sum()) * self.itemsize
 
-    def memory_timeline(self):
+    def memory_timeline(self) -> np.ndarray:
         """Live arena bytes after each step of the execution order (from the plan)."""
         freed = np.zeros(self.order.size, np.int64)
         counts = np.diff(self._free_at)
@@ -107,13 +110,13 @@ class Program:
         return (np.cumsum(self._alloc_size) - np.cumsum(freed)) * self.itemsize
 
     @property
-    def unplanned_bytes(self):
+    def unplanned_bytes(self) -> int:
         """What the arena would need without reuse: every computed tensor its own buffer."""
         nodes = self.graph.nodes
         arena = self.order[(self.loc[self.order] == LOC_ARENA) & ~self._is_view()]
         return int(nodes.shape[arena].prod(axis=1).sum()) * self.itemsize
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         return {
             "n_nodes": int(self.order.size),
             "n_forward": int(self.order.size),
@@ -171,7 +174,7 @@ class Program:
         self.mem[o:o + arr.size] = arr.reshape(-1)
 
     @property
-    def mem(self):
+    def mem(self) -> np.ndarray:
         """The run buffer: the arena (peak_bytes) followed by the io slots."""
         if self._mem is None:
             self._mem = np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
@@ -206,7 +209,7 @@ class Program:
             return GraphError(f"node {label!r}: opcode {detail} has no compiled runner")
         return GraphError(f"run failed at node {label!r} (status {status})")
 
-    def value_of(self, n):
+    def value_of(self, n: int) -> np.ndarray:
         """The data of node n after a run (a copy, shaped)."""
         g = self.graph
         size = int(np.prod(g.shape_of(n), dtype=np.int64))
@@ -215,7 +218,7 @@ class Program:
         buf = g.store if k == LOC_STORE else self.mem
         return buf[o:o + size].reshape(g.shape_of(n)).copy()
 
-    def run(self, feeds=None, debug=False, seed=None):
+    def run(self, feeds: Optional[Feeds] = None, debug: bool = False, seed: Optional[int] = None) -> Any:
         """Run with ``feeds`` ({input tensor or name: array}); returns the outputs as numpy arrays.
 
         ``seed`` (an int) is added to every dropout's seed for this run: pass the step
@@ -227,7 +230,7 @@ class Program:
         return vals[0] if self._single else vals
 
     # ---- looking at it ---------------------------------------------------------------------
-    def nodes(self):
+    def nodes(self) -> List[Dict[str, Any]]:
         """One dict per node in execution order: id, name, describe (what it is; for a
         gradient node, the forward node and rule it comes from), op, shape, bytes,
         sources, flags, loc and offset (planned, in bytes)."""
@@ -247,7 +250,8 @@ class Program:
         return rows
 
     # ---- pictures (Jupyter shows _repr_html_: the picture and a folded node table) ----
-    def to_dot(self, max_nodes=300, fold_forward=False, legend=True, rankdir="TB"):
+    def to_dot(self, max_nodes: int = 300, fold_forward: bool = False, legend: bool = True,
+               rankdir: str = "TB") -> str:
         """Graphviz DOT text of this program (see README, "Looking at graphs").
 
         ``max_nodes`` caps the nodes drawn (the last ones); ``fold_forward=True``
@@ -278,11 +282,11 @@ class Program:
         dot = self.to_dot(max_nodes=150, fold_forward=big)
         return rich_html(self._title(), dot, self.nodes(), self._summary())
 
-    def plot_memory(self, *others, labels=None, ax=None):
+    def plot_memory(self, *others: "Program", labels: Optional[Sequence[str]] = None, ax: Any = None) -> Any:
         """Live arena bytes along the execution order, beside ``others`` (matplotlib)."""
         return plot_memory([self, *others], labels=labels, ax=ax)
 
-    def format_table(self, limit=50):
+    def format_table(self, limit: int = 50) -> str:
         rows = self.nodes()
         head = f"{'id':>5}  {'name':<10} {'op':<13} {'shape':<16} {'bytes':>9}  {'sources':<14} {'where':<14} flags"
         lines = [head, "-" * len(head)]
@@ -303,7 +307,7 @@ class ForwardGraph(Program):
         return f"<ForwardGraph {self.order.size} nodes -> {outs}, peak {self.peak_bytes} B>"
 
 
-def build_forward(outputs, in_place=True):
+def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = True) -> "ForwardGraph":
     """Topologically order everything ``outputs`` (a Tensor or list) depend on,
     and plan its memory (``in_place=False``: no elementwise op overwrites a source)."""
     outs, single = _output_list(outputs, "build_forward")
@@ -321,13 +325,13 @@ class BackwardGraph(Program):
     ``W.grad`` or ``bwd.grad(W)``.
     """
 
-    def __init__(self, fwd, params, grad_nodes, in_place=True):
+    def __init__(self, fwd: ForwardGraph, params: Any, grad_nodes: Any, in_place: bool = True) -> None:
         g = fwd.graph
         self.forward = fwd
         self.loss = fwd.outputs[0]
         self.params = np.asarray(params, np.int64).tolist()
         self.grad_nodes = np.asarray(grad_nodes, np.int64).tolist()     # -1: the gradient is zero
-        self._zero_grad_extra = {}
+        self._zero_grad_extra: Dict[int, np.ndarray] = {}
         self._index = None                      # param id -> position, built when first asked
         gn = np.asarray(self.grad_nodes, np.int64)
         live = np.sort(gn[gn >= 0])
@@ -343,7 +347,7 @@ class BackwardGraph(Program):
         return (f"<BackwardGraph {self.order.size} nodes ({self.forward.order.size} forward), "
                 f"loss {self.loss.label!r}, {len(self.params)} params, peak {self.peak_bytes} B>")
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         st = super().stats()
         nodes = self.graph.nodes
         recomputed = self.order[(nodes.flags[self.order] & F_RECOMPUTED) != 0]
@@ -364,7 +368,7 @@ class BackwardGraph(Program):
                              "differentiates (it is not a param, or the loss does not depend on it)")
         return i
 
-    def grad(self, param):
+    def grad(self, param: Tensor) -> np.ndarray:
         """The gradient of ``param`` from this program's last run (a numpy array)."""
         i = self._param_index(param, "grad")
         return self._grad_value(i)
@@ -377,7 +381,7 @@ class BackwardGraph(Program):
             return np.zeros(shape, self.graph.dtype) if extra is None else extra.copy()
         return self.value_of(n).reshape(shape)
 
-    def grad_tensor(self, param):
+    def grad_tensor(self, param: Tensor) -> Tensor:
         """The gradient of ``param`` as a Tensor, to build on (gradient penalties,
         Hessian-vector products: differentiate a function of it again)."""
         i = self._param_index(param, "grad_tensor")
@@ -386,7 +390,8 @@ class BackwardGraph(Program):
             return self.graph.const(np.zeros(self.graph.shape_of(self.params[i])))
         return Tensor(self.graph, n)
 
-    def run(self, feeds=None, accumulate=False, debug=False, seed=None):
+    def run(self, feeds: Optional[Feeds] = None, accumulate: bool = False, debug: bool = False,  # type: ignore[override]
+            seed: Optional[int] = None) -> np.ndarray:
         """Forward and backward.  Returns the loss; gradients are fresh, or added to
         the current ``W.grad`` values with ``accumulate=True``.  ``seed``, ``debug``:
         see Program.run."""

@@ -1,25 +1,31 @@
 """A minimal training loop: minibatches through ``bwd.run``, an optimizer step each,
 and a tqdm progress bar showing the running loss."""
+from typing import Any, Dict, Iterator, List, Optional
+
 import numpy as np
+from tqdm.auto import tqdm
 
 from .errors import GraphError
 from .graph import Tensor
+from .optim import Optimizer
+from .program import BackwardGraph
 
 
-def batches(data, batch_size, shuffle=True, seed=0):
+def batches(data: Dict[Tensor, Any], batch_size: int, shuffle: bool = True,
+            seed: int = 0) -> Iterator[Dict[Tensor, np.ndarray]]:
     """Feed dicts of ``batch_size`` rows from ``data`` ({input tensor: array}, equal
     first dims).  The last partial batch is dropped: a graph's shapes are fixed."""
     if not data:
         raise GraphError("batches: data must map input tensors to arrays")
     arrays = {}
-    n = None
+    n = -1
     for t, a in data.items():
         if not isinstance(t, Tensor):
             raise GraphError(f"batches: keys must be input tensors, got {type(t).__name__}")
         a = np.asarray(a)
         if a.ndim == 0:
             raise GraphError(f"batches: the array for {t.label!r} has no rows")
-        if n is None:
+        if n < 0:
             n = a.shape[0]
         elif a.shape[0] != n:
             raise GraphError(f"batches: arrays have different numbers of rows ({n} and {a.shape[0]} for {t.label!r})")
@@ -32,21 +38,24 @@ def batches(data, batch_size, shuffle=True, seed=0):
         yield {t: a[rows] for t, a in arrays.items()}
 
 
-def train(bwd, optimizer, data, epochs=1, batch_size=None, shuffle=True, seed=0, progress=True, desc="train"):
+def train(bwd: BackwardGraph, optimizer: Optimizer, data: Dict[Tensor, Any], epochs: int = 1,
+          batch_size: Optional[int] = None, shuffle: bool = True, seed: int = 0, progress: bool = True,
+          desc: str = "train") -> List[float]:
     """Train for ``epochs`` passes over ``data`` ({input tensor: array}) in minibatches
     of ``batch_size`` rows (default: the graph's input batch), reshuffled each epoch
     from ``seed``; step k runs with dropout seed ``seed + k`` (fresh masks each step).
     Returns the loss of every step (floats)."""
     if batch_size is None:
-        first = next(iter(data))
-        batch_size = first.shape[0] if isinstance(first, Tensor) and first.shape else None
+        first = next(iter(data), None)
+        if not isinstance(first, Tensor) or not first.shape:
+            raise GraphError("train: give batch_size, or data keyed by input tensors with a batch axis")
+        batch_size = first.shape[0]
     n_rows = len(next(iter(data.values())))
-    per_epoch = n_rows // batch_size if batch_size else 0
+    per_epoch = n_rows // batch_size
     bar = None
     if progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=epochs * per_epoch, desc=desc, unit="step", leave=False)
-    losses = []
+    losses: List[float] = []
     running = None
     try:
         for epoch in range(epochs):

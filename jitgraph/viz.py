@@ -6,6 +6,7 @@ source slot 0), so a backward graph can be read on its own.  Recomputed copies
 are joined to their originals by dashed edges.
 """
 import html
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -206,7 +207,8 @@ def _unit(nbytes, unit):
     return unit, {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}[unit]
 
 
-def plot_memory(programs, labels=None, ax=None, unit="auto"):
+def plot_memory(programs: Sequence[Any], labels: Optional[Sequence[str]] = None, ax: Any = None,
+                unit: str = "auto") -> Any:
     """Live arena bytes along each program's execution order (x: fraction of the
     steps, so programs of different lengths line up), with each plan's peak dashed.
     Returns the matplotlib Axes."""
@@ -230,7 +232,7 @@ def plot_memory(programs, labels=None, ax=None, unit="auto"):
     return ax
 
 
-def plot_pareto(rows, ax=None, unit="auto"):
+def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any:
     """Recompute cost against planned peak for jg.pareto rows.  Returns the Axes."""
     import matplotlib.pyplot as plt
     unit, scale = _unit(max(r["peak_bytes"] for r in rows), unit)

@@ -11,8 +11,9 @@ from .shape import *       # noqa: F401,F403
 from .stochastic import *  # noqa: F401,F403
 from .unary import *       # noqa: F401,F403
 
-__all__: list = []
+__all__ = []
 __all__ += binary.__all__
+
 __all__ += gather.__all__
 __all__ += linear.__all__
 __all__ += reduce.__all__

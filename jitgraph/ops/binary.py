@@ -15,7 +15,7 @@ from ..graph import Operand, Tensor
 from ..native import operand, output, rule_view, run_view
 from ..registry import ELEMENTWISE, defop
 from ..status import NO_CONTRIBUTION, OK
-from .common import KERNEL, as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
+from .common import as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 
 __all__ = ["add", "sub", "mul", "div", "scale", "where"]
 
@@ -49,7 +49,7 @@ def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
     return g._node(code, (ta.id, tb.id), broadcast_shapes(what, ta, tb))
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def _strided(code, out, o, a, ia, sa, b, ib, sb, n):
     """out[o+j] = a[ia+j*sa] (op) b[ib+j*sb] for j < n; strides are 0 or 1."""
     if sa == 1 and sb == 1:
@@ -80,7 +80,7 @@ def _strided(code, out, o, a, ia, sa, b, ib, sb, n):
                 out[o + j] = a[ia + j * sa] / b[ib + j * sb]
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def bcast_strides(shape, n):
     """Contiguous strides of node n's padded shape, 0 along size-1 dims."""
     s3 = 0 if shape[n, 3] == 1 else 1
@@ -93,7 +93,7 @@ def bcast_strides(shape, n):
     return s0, s1, s2, s3
 
 
-@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def binary(v, n, code):
     """Run binary op ``code`` (a literal: one loop per op) for node n, broadcasting."""
     out = output(v, n)
@@ -220,7 +220,7 @@ def scale(t: Tensor, s: float) -> Tensor:
     return affine(t, float(s), 0.0)
 
 
-@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _affine_loop(v, n):
     out = output(v, n)
     x = operand(v, n, 0)
@@ -263,13 +263,13 @@ def where(cond: Operand, a: Operand, b: Operand) -> Tensor:
     return g._node(WHERE, (tc.id, ta.id, tb.id), shape)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def _where_run(out, o, c, ic, sc, a, ia, sa, b, ib, sb, n):
     for j in range(n):
         out[o + j] = a[ia + j * sa] if c[ic + j * sc] != 0.0 else b[ib + j * sb]
 
 
-@njit(**KERNEL, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _where(v, n):
     out = output(v, n)
     c = operand(v, n, 0)

@@ -7,9 +7,6 @@ from ..errors import GraphError
 from ..graph import Tensor, as_numeric_array
 from ..ir import MAX_DIMS
 
-# numba compile options for every kernel: IEEE results (x/0 = inf, no exception)
-KERNEL = dict(cache=True, error_model="numpy")
-
 
 def is_scalar(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool)

@@ -18,7 +18,7 @@ from ..ir import F_INDEX, MAX_DIMS
 from ..native import RUN_DETAIL, operand, output, rule_view, run_view
 from ..registry import defop
 from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
-from .common import KERNEL, as_tensor, need_tensor
+from .common import as_tensor, need_tensor
 
 __all__ = ["embedding"]
 
@@ -64,7 +64,7 @@ def embedding(table: Tensor, indices: Union[Tensor, np.ndarray]) -> Tensor:
     return g._node(EMBEDDING, (table.id, idx.id), idx.shape + (D,))
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def embedding_kernel(out, table, idx, v, d):
     """Gather rows; returns the position of a bad index, or -1."""
     for i in range(idx.size):
@@ -110,7 +110,7 @@ def scatter_add(rows: Tensor, indices: Union[Tensor, np.ndarray], n_rows: int) -
     return rows.graph._node(SCATTER_ADD, (rows.id, idx.id), (int(n_rows), rows.shape[-1]))
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def scatter_add_kernel(out, g, idx, v, d):
     for i in range(out.size):
         out[i] = 0.0

@@ -9,11 +9,11 @@ from numba import njit
 
 from ..emit import grad_node
 from ..errors import GraphError
-from ..graph import Operand, Tensor
+from ..graph import Graph, Operand, Tensor
 from ..native import operand, output, rule_view, run_view
 from ..registry import COMPUTE, DOT, DOT_K, defop
 from ..status import OK
-from .common import KERNEL, as_tensor, graph_of
+from .common import as_tensor, graph_of
 from .shape import reshape
 
 __all__ = ["matmul"]
@@ -31,8 +31,10 @@ def _params(ta: int, tb: int, k: int) -> tuple:
 def matmul(a: Operand, b: Operand) -> Tensor:
     """a @ b: 1-D operands are promoted like numpy (and the added axis removed)."""
     g = graph_of("matmul", a, b)
-    a = as_tensor(a, g, "matmul")
-    b = as_tensor(b, g, "matmul")
+    return _matmul(g, as_tensor(a, g, "matmul"), as_tensor(b, g, "matmul"))
+
+
+def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
     sa, sb = a.shape, b.shape
     na, nb = len(sa), len(sb)
     if na == 2 and nb == 2:                           # the common case, kept short
@@ -70,7 +72,7 @@ def matmul(a: Operand, b: Operand) -> Tensor:
 
 
 # ---- kernel -----------------------------------------------------------------------------------
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def matmul_kernel(out, a, b, so, sa, sb, ta, tb):
     m = so[2]
     n = so[3]

@@ -21,7 +21,7 @@ from ..native import operand, output, rule_view, run_view
 from ..registry import COMPUTE, ZERO_GRAD, defop
 from ..status import OK
 from .binary import AFFINE, MUL
-from .common import KERNEL, broadcast_mask, need_tensor, normalize_axes, padded_mask
+from .common import broadcast_mask, need_tensor, normalize_axes, padded_mask
 
 __all__ = ["sum", "mean", "max", "broadcast_to"]
 
@@ -47,7 +47,7 @@ def _reduce(code, what, t, axis, keepdims):
 
 
 # ---- kernels ------------------------------------------------------------------------
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def reduce_strides(s, mask):
     """Strides into the reduced tensor for each axis of padded big shape s (0 if reduced)."""
     r = 1
@@ -69,7 +69,7 @@ def reduce_strides(s, mask):
     return s0, s1, s2, s3
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def sum_kernel(out, x, sx, mask, scale):
     """out = scale * sum of x over the masked axes (float64 accumulation within rows)."""
     if out.size == 1:
@@ -102,7 +102,7 @@ def sum_kernel(out, x, sx, mask, scale):
     return OK
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def max_kernel(out, x, sx, mask):
     """out = max of x over the masked axes; NaN propagates."""
     for i in range(out.size):
@@ -124,7 +124,7 @@ def max_kernel(out, x, sx, mask):
     return OK
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def broadcast_kernel(out, x, so, mask):
     """out (padded shape so) = x repeated along the masked axes of so."""
     t0, t1, t2, t3 = reduce_strides(so, mask)
@@ -145,7 +145,7 @@ def broadcast_kernel(out, x, so, mask):
     return OK
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def max_mask_kernel(out, x, sx, mask):
     """1.0 at the first (row-major) maximal element of each reduced group, else 0."""
     for i in range(out.size):

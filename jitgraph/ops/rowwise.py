@@ -19,7 +19,7 @@ from ..native import operand, output, rule_view, run_view
 from ..registry import COMPUTE, defop
 from ..status import OK
 from .binary import AFFINE, MUL, SUB
-from .common import KERNEL, as_tensor, graph_of, need_tensor, normalize_axis
+from .common import as_tensor, graph_of, need_tensor, normalize_axis
 from .reduce import MEAN, SUM
 from .shape import outer_inner
 from .unary import EXP, SQR
@@ -71,7 +71,7 @@ def log_softmax(t: Tensor, axis: int = -1) -> Tensor:
     return _along_axis(LOG_SOFTMAX, "log_softmax", t, axis)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def softmax_kernel(out, x, sx, axis, log):
     outer, inner = outer_inner(sx, axis)
     n = sx[axis]
@@ -145,7 +145,7 @@ def cross_entropy(logits: Operand, target_probs: Operand) -> Tensor:
     return g._node(CROSS_ENTROPY, (lg.id, target.id), ())
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def cross_entropy_kernel(out, logits, target, sx):
     c = sx[3]
     rows = logits.size // c
@@ -215,7 +215,7 @@ def norm_rstd(t: Tensor, eps: float, center: bool) -> Tensor:
                          fp=(_eps(eps, f"norm_rstd of {t.label!r}"),))
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def _row_rstd(x, b, d, eps, center):
     mu = 0.0
     if center:
@@ -229,7 +229,7 @@ def _row_rstd(x, b, d, eps, center):
     return mu, 1.0 / math.sqrt(v / d + eps)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def norm_kernel(out, x, sx, eps, center):
     """layer_norm (center=True) or rms_norm over the last axis."""
     d = sx[3]
@@ -241,7 +241,7 @@ def norm_kernel(out, x, sx, eps, center):
     return OK
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def norm_rstd_kernel(out, x, sx, eps, center):
     d = sx[3]
     for r in range(x.size // d):

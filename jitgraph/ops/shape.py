@@ -14,7 +14,7 @@ from ..ir import F_GRAD, MAX_DIMS, MAX_SRC
 from ..native import operand, output, rule_view, run_view
 from ..registry import FREE, VIEW, defop
 from ..status import OK
-from .common import KERNEL, graph_of, need_tensor, normalize_axis
+from .common import graph_of, need_tensor, normalize_axis
 
 __all__ = ["reshape", "transpose", "concat", "slice_axis", "pad_axis"]
 
@@ -34,29 +34,27 @@ def axis_node(G, st, op, a, like, axis, start, n, k):
 def reshape(t: Tensor, shape: Union[int, Sequence[int]]) -> Tensor:
     """Same data, new shape (one dim may be -1).  A view: no copy, no buffer."""
     t = need_tensor(t, "reshape")
-    if isinstance(shape, numbers.Integral):
-        shape = (shape,)
-    shape = tuple(shape)
+    dims: tuple = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)   # type: ignore[arg-type]
     size = t.size
-    if sum(1 for d in shape if d == -1) > 1:
-        raise GraphError(f"reshape of {t.label!r}: at most one dimension may be -1, got {shape}")
-    if -1 in shape:
+    if sum(1 for d in dims if d == -1) > 1:
+        raise GraphError(f"reshape of {t.label!r}: at most one dimension may be -1, got {dims}")
+    if -1 in dims:
         known = 1
-        for d in shape:
+        for d in dims:
             if d != -1:
                 known *= d
         if known <= 0 or size % known:
-            raise GraphError(f"reshape of {t.label!r}: cannot reshape {t.shape} (size {size}) to {shape}")
-        shape = tuple(size // known if d == -1 else d for d in shape)
-    shape = check_shape(shape, f"reshape of {t.label!r}")
+            raise GraphError(f"reshape of {t.label!r}: cannot reshape {t.shape} (size {size}) to {dims}")
+        dims = tuple(size // known if d == -1 else d for d in dims)
+    new = check_shape(dims, f"reshape of {t.label!r}")
     new_size = 1
-    for d in shape:
+    for d in new:
         new_size *= d
     if new_size != size:
-        raise GraphError(f"reshape of {t.label!r}: cannot reshape {t.shape} (size {size}) to {shape} (size {new_size})")
-    if shape == t.shape:
+        raise GraphError(f"reshape of {t.label!r}: cannot reshape {t.shape} (size {size}) to {new} (size {new_size})")
+    if new == t.shape:
         return t
-    return t.graph._node(RESHAPE, (t.id,), shape)
+    return t.graph._node(RESHAPE, (t.id,), new)
 
 
 def _vjp_reshape(n, k, g, ctx):
@@ -92,7 +90,7 @@ def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def transpose_kernel(out, x, sx, perm):
     c = (sx[1] * sx[2] * sx[3], sx[2] * sx[3], sx[3], 1)
     s0 = c[perm[0]]
@@ -163,7 +161,7 @@ def _concat_node(g, ts, ax):
     return g._node(CONCAT, tuple(t.id for t in ts), tuple(shape), ip=(ax + MAX_DIMS - ts[0].ndim,))
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def outer_inner(s, axis):
     """Products of the padded dims before and after ``axis``."""
     outer = 1
@@ -175,7 +173,7 @@ def outer_inner(s, axis):
     return outer, inner
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
     """dst[o*dst_stride + dst_off + j] = src[o*src_stride + src_off + j]."""
     for o in range(outer):
@@ -185,7 +183,7 @@ def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
             dst[d + j] = src[s + j]
 
 
-@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _concat(v, n):
     out = output(v, n)
     axis = v.ip[n, 0]
@@ -242,7 +240,7 @@ def slice_axis(t: Tensor, axis: int, start: int, stop: int) -> Tensor:
     return t.graph._node(SLICE, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, start))
 
 
-@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _slice(v, n):
     axis = v.ip[n, 0]
     outer, inner = outer_inner(v.shape[n], axis)
@@ -280,7 +278,7 @@ def pad_axis(t: Tensor, axis: int, before: int, after: int) -> Tensor:
     return t.graph._node(PAD, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, int(before)))
 
 
-@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _pad(v, n):
     out = output(v, n)
     axis = v.ip[n, 0]

@@ -15,7 +15,7 @@ from ..graph import Tensor
 from ..native import operand, output, rule_view, run_view
 from ..registry import ELEMENTWISE, defop
 from ..status import OK
-from .common import KERNEL, need_tensor
+from .common import need_tensor
 
 __all__ = ["dropout"]
 
@@ -62,13 +62,13 @@ def _dropout_u(key, i):
     return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)   # 53 bits -> [0, 1)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def dropout_uniform(seed, mask_id, i):
     """The uniform in [0, 1) that decides element i of mask (seed, mask_id); kept iff >= p."""
     return _dropout_u(_dropout_key(seed, mask_id), i)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def dropout_kernel(out, x, p, seed, mask_id):
     key = _dropout_key(seed, mask_id)
     keep_scale = 1.0 / (1.0 - p)

@@ -16,7 +16,7 @@ from ..native import operand, output, rule_view, run_view
 from ..registry import ELEMENTWISE, ZERO_GRAD, defop
 from ..status import OK
 from .binary import AFFINE, DIV, MUL
-from .common import KERNEL, is_scalar, need_tensor
+from .common import is_scalar, need_tensor
 
 __all__ = ["neg", "sqr", "sqrt", "exp", "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy",
            "leaky_relu"]
@@ -36,7 +36,7 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
     return t.graph._node(code, (t.id,), t.shape, fp=fp)
 
 
-@njit(**KERNEL)
+@njit(cache=True, error_model="numpy")
 def _sigmoid(x):
     if x >= 0:
         return 1.0 / (1.0 + math.exp(-x))
@@ -44,7 +44,7 @@ def _sigmoid(x):
     return e / (1.0 + e)
 
 
-@njit(**KERNEL, inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def unary(v, n, code):
     """Run unary op ``code`` (a literal: one loop per op) for node n."""
     out = output(v, n)
@@ -131,6 +131,7 @@ def times_derivative(G, st, g, d_op, d_src, n, k):
 
 # ---- neg ------------------------------------------------------------------------------------------
 def neg(t: Tensor) -> Tensor:
+    """-t."""
     return _unary(NEG, "neg", t)
 
 
@@ -148,6 +149,7 @@ defop(NEG, "neg", neg, _run_neg, _vjp_neg, arity=1, kind=ELEMENTWISE)
 
 # ---- sqr ------------------------------------------------------------------------------------------
 def sqr(t: Tensor) -> Tensor:
+    """t * t."""
     return _unary(SQR, "sqr", t)
 
 
@@ -166,6 +168,7 @@ defop(SQR, "sqr", sqr, _run_sqr, _vjp_sqr, arity=1, kind=ELEMENTWISE)
 
 # ---- sqrt -----------------------------------------------------------------------------------------
 def sqrt(t: Tensor) -> Tensor:
+    """The square root of t (NaN below 0, as numpy)."""
     return _unary(SQRT, "sqrt", t)
 
 
@@ -183,6 +186,7 @@ defop(SQRT, "sqrt", sqrt, _run_sqrt, _vjp_sqrt, arity=1, kind=ELEMENTWISE, flops
 
 # ---- exp ------------------------------------------------------------------------------------------
 def exp(t: Tensor) -> Tensor:
+    """e ** t."""
     return _unary(EXP, "exp", t)
 
 
@@ -200,6 +204,7 @@ defop(EXP, "exp", exp, _run_exp, _vjp_exp, arity=1, kind=ELEMENTWISE, flops=8)
 
 # ---- log ------------------------------------------------------------------------------------------
 def log(t: Tensor) -> Tensor:
+    """The natural logarithm of t (-inf at 0, NaN below, as numpy)."""
     return _unary(LOG, "log", t)
 
 
@@ -289,6 +294,7 @@ defop(SILU, "silu", silu, _run_silu, _vjp_silu, arity=1, kind=ELEMENTWISE, flops
 
 # ---- tanh -----------------------------------------------------------------------------------------
 def tanh(t: Tensor) -> Tensor:
+    """The hyperbolic tangent of t."""
     return _unary(TANH, "tanh", t)
 
 
@@ -307,6 +313,7 @@ defop(TANH, "tanh", tanh, _run_tanh, _vjp_tanh, arity=1, kind=ELEMENTWISE, flops
 
 # ---- sigmoid --------------------------------------------------------------------------------------
 def sigmoid(t: Tensor) -> Tensor:
+    """1 / (1 + exp(-t)), computed without overflow."""
     return _unary(SIGMOID, "sigmoid", t)
 
 
