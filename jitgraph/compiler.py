@@ -6,9 +6,11 @@ backward pass meets the op (see native.py for the calling convention).  The
 results are C callbacks whose addresses fill one table per dtype (runners) and
 one for rules; the interpreter and the backward pass index them by opcode.
 """
+import ctypes
 import threading
 
 import numpy as np
+import scipy.linalg.cython_blas
 from numba import cfunc, from_dtype, types
 
 from . import registry
@@ -72,3 +74,26 @@ def rules(codes):
                 if table[code] == MISSING:
                     table[code] = _compile("vjp", registry.OPS[code], "", RULE_SIGNATURE)
     return table
+
+
+def _capsule_address(capsule):
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return pointer(capsule, name(capsule))
+
+
+_natives: dict = {}
+
+
+def natives(dtype):
+    """Addresses of the native functions runners call, for ``dtype``: [gemm].  The BLAS is
+    scipy's (the one Numba's np.dot uses), called directly so operands keep their strides."""
+    dtype = np.dtype(dtype)
+    got = _natives.get(dtype.name)
+    if got is None:
+        capi = scipy.linalg.cython_blas.__pyx_capi__
+        got = np.array([_capsule_address(capi["sgemm" if dtype == np.float32 else "dgemm"])], np.int64)
+        _natives[dtype.name] = got
+    return got

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .ir import MAX_DIMS, MAX_SRC, N_FP, N_IP, Nodes, LOC_STORE
@@ -84,11 +85,48 @@ def call_rule(typingctx, address, n, k, g, ctx):
     return types.int64(address, n, k, g, ctx), codegen
 
 
+@intrinsic
+def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """Column-major C = alpha op(A) op(B) + beta C through the BLAS ?gemm at ``address``
+    (scipy's cython_blas: the Fortran interface, every argument by pointer).  ``transa``,
+    ``transb`` are 0/1; sizes are int64 (passed as int32); ``a``, ``b``, ``c`` typed pointers."""
+    dtype = a.dtype
+
+    def codegen(context, builder, signature, args):
+        addr, ta, tb, m_, n_, k_, al, a_, lda_, b_, ldb_, be, c_, ldc_ = args
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        fty = context.get_value_type(dtype)
+
+        def by_pointer(value, ty):
+            slot = cgutils.alloca_once(builder, ty)
+            builder.store(value, slot)
+            return slot
+
+        def trans(flag):            # 1 -> 'T', 0 -> 'N'
+            return by_pointer(builder.select(builder.icmp_signed("!=", flag, flag.type(0)), i8(ord("T")),
+                                             i8(ord("N"))), i8)
+
+        def int32(value):
+            return by_pointer(builder.trunc(value, i32), i32)
+
+        def scalar(value, from_type):
+            return by_pointer(context.cast(builder, value, from_type, dtype), fty)
+
+        argv = [trans(ta), trans(tb), int32(m_), int32(n_), int32(k_), scalar(al, signature.args[6]), a_,
+                int32(lda_), b_, int32(ldb_), scalar(be, signature.args[11]), c_, int32(ldc_)]
+        fnty = ir.FunctionType(ir.VoidType(), [v.type for v in argv])
+        builder.call(builder.inttoptr(addr, fnty.as_pointer()), argv)
+        return context.get_dummy_value()
+    sig = types.void(address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    return sig, codegen
+
+
 # ---- the runners' context ----------------------------------------------------------------------
 
 RUN_ROWS, RUN_SRC, RUN_SHAPE, RUN_IP, RUN_FP, RUN_LOC, RUN_OFF = 0, 1, 2, 3, 4, 5, 6
 RUN_MEM_SIZE, RUN_STORE_SIZE, RUN_SALT, RUN_DETAIL = 7, 8, 9, 10
-RUN_CTX = 11
+RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
+RUN_CTX = 12
 
 
 class RunView(NamedTuple):
@@ -105,8 +143,8 @@ class RunView(NamedTuple):
 
 
 @njit(cache=True)
-def run_context(G, loc, off, mem, store, salt):
-    """The ctx array a program's run hands to every runner."""
+def run_context(G, loc, off, mem, store, salt, natives):
+    """The ctx array a program's run hands to every runner (``natives``: compiler.natives)."""
     ctx = np.empty(RUN_CTX, np.int64)
     ctx[RUN_ROWS] = G.op.size
     ctx[RUN_SRC] = address_of(G.src)
@@ -119,6 +157,7 @@ def run_context(G, loc, off, mem, store, salt):
     ctx[RUN_STORE_SIZE] = store.size
     ctx[RUN_SALT] = salt
     ctx[RUN_DETAIL] = 0
+    ctx[RUN_GEMM] = natives[0]
     return ctx
 
 

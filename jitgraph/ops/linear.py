@@ -1,31 +1,52 @@
-"""Matrix product with numpy's @ semantics (batched, broadcast batch dims).
+"""Matrix product with numpy's @ semantics (batched, broadcast batch dims), lowered
+to as few BLAS calls as the layout allows.
 
-ip[0], ip[1] say whether the stored operand is transposed (its last two axes
-swapped).  Forward graphs never set them; gradient rules do, so a gradient needs
-no transpose node and BLAS reads the operand as it lies (F-order view).
+Params: ip[0], ip[1] say whether the stored operand is transposed (its last two
+axes swapped), so a transpose of either operand is read as it lies -- never
+copied; ip[2] = FLAT folds every leading axis of both operands into their rows;
+ip[DOT_K] is the contracted length (the cost model's).
+
+* ``(..., M, K) @ (K, N)`` -- a 2-D right operand -- is one GEMM over all leading
+  rows (they are contiguous);
+* the gradient of that 2-D operand is one FLAT GEMM contracting over all rows
+  (``X^T G``), not a GEMM per batch and a sum;
+* batched products (attention's ``q @ k^T``) call the GEMM once per matrix, on
+  pointers into the operands (no copies, no allocation).
+
+The GEMM is the BLAS of scipy (which Numba's np.dot uses too), called directly.
 """
-import numpy as np
 from numba import njit
 
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import operand, output, rule_view, run_view
+from ..native import RUN_GEMM, data_pointer, gemm, operand, output, rule_view, run_view
 from ..registry import COMPUTE, DOT, DOT_K, defop
 from ..status import OK
 from .common import as_tensor, graph_of
-from .shape import reshape
+from .shape import TRANSPOSE, reshape
 
 __all__ = ["matmul"]
 
 MATMUL = 37
+FLAT = 1                      # ip[2]: both operands are read as 2-D (all leading axes fold into rows)
 
 
-def _params(ta: int, tb: int, k: int) -> tuple:
-    """ip: transpose flags, then the contracted length in ip[DOT_K] (the cost model reads it)."""
+def _params(ta: int, tb: int, k: int, mode: int = 0) -> tuple:
     ip = [0] * (DOT_K + 1)
-    ip[0], ip[1], ip[DOT_K] = ta, tb, k
+    ip[0], ip[1], ip[2], ip[DOT_K] = ta, tb, mode, k
     return tuple(ip)
+
+
+def _lies_transposed(t: Tensor) -> tuple:
+    """(tensor to read, 1) if ``t`` is a transpose swapping only its last two axes -- the
+    product reads its source with the transpose flag instead -- else (t, 0)."""
+    nodes = t.graph.nodes
+    if t.op == "transpose" and t.ndim >= 2 and int(nodes.op[t.id]) == TRANSPOSE:
+        perm = [int(p) for p in nodes.ip[t.id, :4]]
+        if perm == [0, 1, 3, 2]:
+            return Tensor(t.graph, int(nodes.src[t.id, 0])), 1
+    return t, 0
 
 
 def matmul(a: Operand, b: Operand) -> Tensor:
@@ -37,11 +58,6 @@ def matmul(a: Operand, b: Operand) -> Tensor:
 def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
     sa, sb = a.shape, b.shape
     na, nb = len(sa), len(sb)
-    if na == 2 and nb == 2:                           # the common case, kept short
-        if sa[1] != sb[0]:
-            raise GraphError(f"matmul: inner dims differ: {a.label!r} {sa} @ {b.label!r} {sb} "
-                             f"({sa[1]} != {sb[0]})")
-        return g._node(MATMUL, (a.id, b.id), (sa[0], sb[1]), ip=_params(0, 0, sa[1]))
     if na == 0 or nb == 0:
         s = a if na == 0 else b
         raise GraphError(f"matmul: {s.label!r} is a scalar; use * to scale")
@@ -61,7 +77,9 @@ def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
             raise GraphError(f"matmul: batch dims of {a.label!r} {sa} and {b.label!r} {sb} "
                              "do not broadcast")
         batch.append(max(x, y))
-    out = g._node(MATMUL, (a2.id, b2.id), tuple(batch) + (sa2[-2], sb2[-1]), ip=_params(0, 0, sa2[-1]))
+    ra, ta = _lies_transposed(a2)
+    rb, tb = _lies_transposed(b2)
+    out = g._node(MATMUL, (ra.id, rb.id), tuple(batch) + (sa2[-2], sb2[-1]), ip=_params(ta, tb, sa2[-1]))
     if na == 1 and nb == 1:
         return reshape(out, ())
     if na == 1:
@@ -71,12 +89,35 @@ def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-# ---- kernel -----------------------------------------------------------------------------------
-@njit(cache=True, error_model="numpy")
-def matmul_kernel(out, a, b, so, sa, sb, ta, tb):
-    m = so[2]
-    n = so[3]
-    k = sa[2] if ta else sa[3]
+@njit(cache=True, error_model="numpy", inline="always")
+def _gemm(fn, C, A, B, ta, tb, M, N, K, lda, ldb):
+    """Row-major C (M, N) = op(A) op(B), as the column-major C^T = op(B)^T op(A)^T."""
+    gemm(fn, tb, ta, N, M, K, 1.0, data_pointer(B), ldb, data_pointer(A), lda, 0.0, data_pointer(C), N)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _product(v, n):
+    s0 = v.src[n, 0]
+    s1 = v.src[n, 1]
+    out = output(v, n)
+    A = operand(v, n, 0)
+    B = operand(v, n, 1)
+    so, sa, sb = v.shape[n], v.shape[s0], v.shape[s1]
+    ta = v.ip[n, 0]
+    tb = v.ip[n, 1]
+    fn = v.ctx[RUN_GEMM]
+    M = so[2]
+    N = so[3]
+    lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
+    ldb = sb[3]
+    if v.ip[n, 2] == FLAT:                   # every leading axis folded into the rows
+        K = A.size // sa[3] if ta else sa[3]
+        _gemm(fn, out, A, B, ta, tb, out.size // N, N, K, lda, ldb)
+        return OK
+    K = sa[2] if ta else sa[3]
+    if sb[0] * sb[1] == 1 and ta == 0 and sa[0] == so[0] and sa[1] == so[1]:
+        _gemm(fn, out, A, B, 0, tb, M * so[0] * so[1], N, K, lda, ldb)     # one GEMM over all rows
+        return OK
     size_a = sa[2] * sa[3]
     size_b = sb[2] * sb[3]
     o = 0
@@ -84,64 +125,63 @@ def matmul_kernel(out, a, b, so, sa, sb, ta, tb):
         for i1 in range(so[1]):
             ja = (i0 if sa[0] > 1 else 0) * sa[1] + (i1 if sa[1] > 1 else 0)
             jb = (i0 if sb[0] > 1 else 0) * sb[1] + (i1 if sb[1] > 1 else 0)
-            A = a[ja * size_a:(ja + 1) * size_a]
-            B = b[jb * size_b:(jb + 1) * size_b]
-            C = out[o:o + m * n].reshape((m, n))
-            if ta:
-                if tb:
-                    np.dot(A.reshape((k, m)).T, B.reshape((n, k)).T, C)
-                else:
-                    np.dot(A.reshape((k, m)).T, B.reshape((k, n)), C)
-            elif tb:
-                np.dot(A.reshape((m, k)), B.reshape((n, k)).T, C)
-            else:
-                np.dot(A.reshape((m, k)), B.reshape((k, n)), C)
-            o += m * n
+            _gemm(fn, out[o:], A[ja * size_a:], B[jb * size_b:], ta, tb, M, N, K, lda, ldb)
+            o += M * N
     return OK
 
 
 def _run_matmul(n, ctx, mem, store):
-    v = run_view(ctx, mem, store)
-    s0 = v.src[n, 0]
-    s1 = v.src[n, 1]
-    return matmul_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[n], v.shape[s0],
-                         v.shape[s1], v.ip[n, 0], v.ip[n, 1])
+    return _product(run_view(ctx, mem, store), n)
 
 
 def _vjp_matmul(n, k, g, ctx):
     """C = op(A) op(B), op = transpose-if-flagged.  With A' = op(A), B' = op(B):
     dA' = g B'^T and dB' = A'^T g, written back in each operand's stored layout
     by flipping the transpose flags -- no transpose node, BLAS reads views.
-    The batch dims are n's; the backward pass sums broadcast ones away."""
+    The gradient of a 2-D operand broadcast over a batch is one FLAT product over
+    all the batch's rows; other batch dims are n's, summed away by the backward pass.
+    A FLAT product's gradients are FLAT products shaped like their operand."""
     G, st = rule_view(ctx)
     src, shape, ip = G.src, G.shape, G.ip
     a = src[n, 0]
     b = src[n, 1]
     ta = ip[n, 0]
     tb = ip[n, 1]
+    flat = ip[n, 2] == FLAT
+    rows = shape[n, 0] * shape[n, 1] * shape[n, 2]
+    if k == 1 and not flat and ta == 0 and shape[b, 0] * shape[b, 1] == 1 and shape[n, 0] * shape[n, 1] > 1 \
+            and shape[a, 0] == shape[n, 0] and shape[a, 1] == shape[n, 1]:
+        # dB over all rows at once: X^T g (B stored as is) or g^T X (B stored transposed)
+        t = grad_node(G, st, MATMUL, g, a, b, n, k) if tb else grad_node(G, st, MATMUL, a, g, b, n, k)
+        ip[t, 0] = 1
+        ip[t, 2] = FLAT
+        ip[t, DOT_K] = rows
+        return t
+    like = a if k == 0 else b
     if k == 0:
         if ta:      # A stored as A'^T:  dA = B' g^T
-            t = grad_node(G, st, MATMUL, b, g, n, n, k)
+            t = grad_node(G, st, MATMUL, b, g, like if flat else n, n, k)
             ip[t, 0] = tb
             ip[t, 1] = 1
         else:       # dA = g B'^T
-            t = grad_node(G, st, MATMUL, g, b, n, n, k)
+            t = grad_node(G, st, MATMUL, g, b, like if flat else n, n, k)
             ip[t, 0] = 0
             ip[t, 1] = 1 - tb
-        shape[t, 2] = shape[a, 2]
-        shape[t, 3] = shape[a, 3]
     else:
         if tb:      # B stored as B'^T:  dB = g^T A'
-            t = grad_node(G, st, MATMUL, g, a, n, n, k)
+            t = grad_node(G, st, MATMUL, g, a, like if flat else n, n, k)
             ip[t, 0] = 1
             ip[t, 1] = ta
         else:       # dB = A'^T g
-            t = grad_node(G, st, MATMUL, a, g, n, n, k)
+            t = grad_node(G, st, MATMUL, a, g, like if flat else n, n, k)
             ip[t, 0] = 1 - ta
             ip[t, 1] = 0
-        shape[t, 2] = shape[b, 2]
-        shape[t, 3] = shape[b, 3]
-    ip[t, DOT_K] = shape[n, 3] if k == 0 else shape[n, 2]      # dA contracts over N, dB over M
+    if flat:
+        ip[t, 2] = FLAT
+    else:
+        shape[t, 2] = shape[like, 2]
+        shape[t, 3] = shape[like, 3]
+    ip[t, DOT_K] = shape[n, 3] if k == 0 else (rows if flat else shape[n, 2])   # dA contracts over N, dB over M
     return t
 
 
