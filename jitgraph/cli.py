@@ -1,8 +1,16 @@
 """The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph bench``."""
 import argparse
+import importlib
+import importlib.util
+import os
 import sys
 
 import numpy as np
+
+PERF = "jitgraph._perf"
+# a checkout's perf/ folder, next to this jitgraph/ (the wheel ships it as jitgraph/_perf/)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT_PERF = os.path.join(CHECKOUT, "perf")
 
 
 def demo(args):
@@ -10,9 +18,23 @@ def demo(args):
     return run_demo(args)
 
 
-def bench(args):
-    from .bench import run
-    return run(args)
+def perf_package():
+    """The benchmark harness as the package jitgraph._perf: the perf/ folder of the
+    checkout this jitgraph runs from, else the copy the wheel installs."""
+    if PERF not in sys.modules and os.path.isfile(os.path.join(CHECKOUT, "pyproject.toml")) \
+            and os.path.isfile(os.path.join(CHECKOUT_PERF, "harness.py")):
+        spec = importlib.util.spec_from_file_location(PERF, os.path.join(CHECKOUT_PERF, "__init__.py"),
+                                                      submodule_search_locations=[CHECKOUT_PERF])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[PERF] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module(PERF)
+
+
+def bench(argv):
+    """``jitgraph bench ...``: the harness parses its own arguments."""
+    perf_package()
+    return importlib.import_module(PERF + ".run").main(argv)
 
 
 def tour(args):
@@ -46,14 +68,14 @@ def main(argv=None):
     p = sub.add_parser("tour", help="build a small graph, run it, print its node table and result")
     p.add_argument("--batch", type=int, default=4)
     p.set_defaults(func=tour)
-    p = sub.add_parser("bench", help="time named workloads against numpy and PyTorch eager; "
-                                     "writes JSON, markdown and plots",
-                       description="Time named workloads (a-f, see jitgraph/bench.py) against numpy and "
-                                   "PyTorch eager; write results.json, results.md and plots to --out.")
-    from .bench import add_arguments as bench_arguments
-    bench_arguments(p)
-    p.set_defaults(func=bench)
-    args = parser.parse_args(argv)
+    # no options of its own: what follows `bench` goes to the harness (perf/), help included
+    sub.add_parser("bench", add_help=False, help="time named workloads against numpy and PyTorch eager; "
+                                                 "writes JSON, markdown and plots (jitgraph bench --help)")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return bench(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 
