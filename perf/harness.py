@@ -31,7 +31,6 @@ from typing import Callable, Optional
 import scipy.linalg  # noqa: F401  -- loads scipy's BLAS (jitgraph's matmul) so the thread limits reach it
 
 from . import environment, report
-from .report import fmt_s  # noqa: F401  (the workloads' one time formatter)
 
 MIN_REPEATS = 5
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -10,7 +10,7 @@ CONTENDER_LABEL = {"numpy": "numpy eager", "torch": "torch eager"}
 
 
 def fmt_s(s):
-    # here, not in harness, which imports this module; harness re-exports it
+    """Seconds in ns, us, ms or s: the one time format of every report."""
     if s is None:
         return "-"
     if s < 1e-6:
