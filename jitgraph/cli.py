@@ -1,6 +1,10 @@
 """The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph bench``."""
 import argparse
+import importlib
+import importlib.util
+import os
 import sys
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -8,17 +12,37 @@ import jitgraph as jg
 
 from .demo import add_arguments as demo_arguments, main as run_demo
 
+PERF = "jitgraph._perf"
+# a checkout's perf/ folder, next to this jitgraph/ (the wheel ships it as jitgraph/_perf/)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT_PERF = os.path.join(CHECKOUT, "perf")
 
-def demo(args):
+
+def demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def bench(args):
-    from .bench import run
-    return run(args)
+def perf_package() -> Any:
+    """The benchmark harness as the package jitgraph._perf: the perf/ folder of the
+    checkout this jitgraph runs from, else the copy the wheel installs."""
+    if PERF not in sys.modules and os.path.isfile(os.path.join(CHECKOUT, "pyproject.toml")) \
+            and os.path.isfile(os.path.join(CHECKOUT_PERF, "harness.py")):
+        spec = importlib.util.spec_from_file_location(PERF, os.path.join(CHECKOUT_PERF, "__init__.py"),
+                                                      submodule_search_locations=[CHECKOUT_PERF])
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[PERF] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module(PERF)
 
 
-def tour(args):
+def bench(argv: List[str]) -> int:
+    """``jitgraph bench ...``: the harness parses its own arguments."""
+    perf_package()
+    return importlib.import_module(PERF + ".run").main(argv)
+
+
+def tour(args: argparse.Namespace) -> int:
     """A two-layer network: build, run, and print its node table."""
     rng = np.random.default_rng(0)
     g = jg.Graph(np.float32)
@@ -37,7 +61,7 @@ def tour(args):
     return 0
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="jitgraph", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="train a deep MLP on handwritten digits with and without checkpointing")
@@ -46,14 +70,14 @@ def main(argv=None):
     p = sub.add_parser("tour", help="build a small graph, run it, print its node table and result")
     p.add_argument("--batch", type=int, default=4)
     p.set_defaults(func=tour)
-    p = sub.add_parser("bench", help="time named workloads against numpy and PyTorch eager; "
-                                     "writes JSON, markdown and plots",
-                       description="Time named workloads (a-f, see jitgraph/bench.py) against numpy and "
-                                   "PyTorch eager; write results.json, results.md and plots to --out.")
-    from .bench import add_arguments as bench_arguments
-    bench_arguments(p)
-    p.set_defaults(func=bench)
-    args = parser.parse_args(argv)
+    # no options of its own: what follows `bench` goes to the harness (perf/), help included
+    sub.add_parser("bench", add_help=False, help="time named workloads against numpy and PyTorch eager; "
+                                                 "writes JSON, markdown and plots (jitgraph bench --help)")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return bench(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

@@ -1,17 +1,19 @@
-"""Backward benchmark: building, expanding and running the backward graph of a deep chain.
+"""Backward benchmark: building, expanding and running the backward graph of a deep chain
+(workload ``backward``).
 
-Run from the repository root:
+Run from the repository root (or ``jitgraph bench --only backward``):
 
-    PYTHONPATH=. python perf/bench_backward.py            # N = 100, 1,000, 10,000 (under a minute)
-    PYTHONPATH=. python perf/bench_backward.py --quick    # N = 10, 100: a smoke test
+    python perf/bench_backward.py            # N = 100, 1,000, 10,000 (about a minute)
+    python perf/bench_backward.py --quick    # N = 10, 100: a smoke test
 
+It takes the harness's options (``--help``) and writes its results like ``jitgraph bench``.
 The model is an N-layer chain, float32, D = B = 64, one (D, D) param per layer:
 
     x (B, D) -> h = relu(h @ W_i) for i = 1..N -> loss = mean(h)
 
-Figures per N (time.perf_counter; build figures are the median of BUILD_REPEATS
-builds, each of a fresh graph because build_backward appends nodes to it; a small
-chain is built, differentiated and run first, so JIT compilation is in no figure):
+Figures per N (build figures are the median of BUILD_REPEATS builds, each of a fresh
+graph because build_backward appends nodes to it; a small chain is built,
+differentiated and run first, so JIT compilation is in no figure):
 
   create params         g.param(array) for N pre-generated float32 arrays, per param
   build forward ops     the Python loop h = jg.relu(h @ W) plus loss = jg.mean(h),
@@ -22,13 +24,13 @@ chain is built, differentiated and run first, so JIT compilation is in no figure
                         the whole forward + backward program; with the minor page
                         faults during it (fresh memory from the OS; they explain most
                         of this figure's run-to-run variation)
-  program nodes         bwd.order.size; forward / backward split from bwd.stats()
+  program nodes         bwd.stats(): n_nodes, and its forward / backward split
   fwd+bwd run           bwd.run({x: xb}): forward, backward, every W_i's gradient;
                         nodes/s = program nodes / run time
   numpy eager fwd+bwd   the same chain written out in numpy: forward a_i = h @ W_i,
                         h = relu(a_i); backward g_a = g * (a_i > 0), dW_i = h^T @ g_a,
-                        g = g_a @ W_i^T.  It is timed alternately with jitgraph (median
-                        of the repeats, after a warm-up run); ratio < 1: jitgraph faster.
+                        g = g_a @ W_i^T.  Timed interleaved with jitgraph (the harness);
+                        ratio < 1: jitgraph faster.
 
 Checks (not timed): W_1.grad and W_N.grad against numpy's float32 gradients
 (np.allclose, rtol 1e-3, atol 1e-6), with the largest difference relative to the
@@ -36,32 +38,34 @@ gradient's scale, next to the same measure between numpy float32 and numpy float
 over thousands of layers float32 rounding alone drifts that far, so that column
 tells a rounding difference from a wrong gradient.
 
-Weights: He-scaled, N(0, 2/D), and then each layer's scale corrected so the batch's
-activation RMS stays at the input's.  Plain He scaling preserves the activations
-only on average: their log-RMS still drifts down by about 1/D a layer, which on this
-chain gives an RMS of ~1e-7 at layer 1,000, below float32's normal range by layer
-~4,500 and float32's smallest subnormal (1e-45) at layer 10,000 -- the gradients
-would be underflowed garbage and the check vacuous.  The table reports the activation RMS range over the layers, and the
-check says so if anything underflowed.
+Weights: models.chain_weights, He-scaled and then each layer's scale corrected so the
+batch's activation RMS stays at the input's.  Plain He scaling preserves the
+activations only on average: their log-RMS still drifts down by about 1/D a layer,
+which on this chain gives an RMS of ~1e-7 at layer 1,000, below float32's normal range
+by layer ~4,500 and float32's smallest subnormal (1e-45) at layer 10,000 -- the
+gradients would be underflowed garbage and the check vacuous.  The table reports the
+activation RMS range over the layers, and the check says so if anything underflowed.
 
 The issue's targets, shown next to the figures: expanding the backward graph of the
 10k-layer chain (build_backward) <= 20 ms; building its forward graph from Python
 <= 2 us per op.  No assertion is made on timings.
 """
-import argparse
 import gc
 import os
 import statistics
 import sys
 import time
 
-import numpy as np
+if not __package__:  # a script: load this folder as jitgraph._perf (the checkout's jitgraph first)
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from jitgraph.cli import perf_package
+    __package__ = perf_package().__name__
 
-from jitgraph.bench import build_phases, chain_weights
+import numpy as np  # noqa: E402
 
-# perf/ first on the path, so `common` is found however this script is launched
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_environment, print_table, time_alternating  # noqa: E402
+from . import harness  # noqa: E402
+from .models import build_phases, chain_weights, np_chain  # noqa: E402
+from .report import fmt_s, md_table  # noqa: E402
 
 D = B = 64
 BUILD_REPEATS = 5
@@ -70,44 +74,11 @@ TARGET_BACKWARD_S = 20e-3      # expanding the backward graph of the 10k chain
 TARGET_OP_S = 2e-6             # building its forward graph from Python, per op
 RTOL, ATOL = 1e-3, 1e-6
 TINY_RMS = 1e-30               # activations below this count as underflowed
+PHASES = ("params", "ops", "build_forward", "build_backward")
 
-
-# ---- data -------------------------------------------------------------------------------
-
-# ---- the two contenders -------------------------------------------------------------------
-
-def build_chain(weights):
-    """Build the chain and its backward graph; returns (x, params, bwd, phase seconds,
-    page faults during build_backward) -- jitgraph.bench times the phases."""
-    built = {}
-    ph = build_phases(weights, (B, D), keep=built)
-    phases = (ph["params"], ph["ops"], ph["build_forward"], ph["build_backward"])
-    return built["x"], built["params"], built["bwd"], phases, ph["faults"]
-
-
-def numpy_fwd_bwd(xb, weights):
-    """Eager forward and backward in xb's dtype; returns (loss, [dW_i], [h_0..h_N])."""
-    hs = [xb]
-    h = xb
-    for W in weights:
-        h = h @ W
-        np.maximum(h, 0, out=h)           # relu in place: h > 0 exactly where a > 0
-        hs.append(h)
-    loss = h.mean()
-    g = np.full(h.shape, 1.0 / h.size, xb.dtype)
-    dWs = [None] * len(weights)
-    for i in range(len(weights) - 1, -1, -1):
-        g *= hs[i + 1] > 0                # through the relu
-        dWs[i] = hs[i].T @ g
-        if i:                             # x is an input: its gradient is not needed
-            g = g @ weights[i].T
-    return loss, dWs, hs
-
-
-# ---- one N ----------------------------------------------------------------------------------
 
 def grad_check(param, i, ref32, ref64, underflow):
-    """(verdict, jitgraph-vs-numpy, numpy-f32-vs-f64) for layer i's gradient; the two
+    """Verdict, jitgraph-vs-numpy and numpy-f32-vs-f64 for layer i's gradient; the two
     differences are max |diff| over the max |gradient| (float64)."""
     got = param.grad
     scale = float(np.max(np.abs(ref64[i])))
@@ -118,144 +89,129 @@ def grad_check(param, i, ref32, ref64, underflow):
     else:                                 # allclose is False on nan/inf too
         verdict = "yes" if np.allclose(got, ref32[i], rtol=RTOL, atol=ATOL) else "NO"
     denom = max(scale, 1e-300)
-    d_jg = float(np.max(np.abs(got - ref32[i]))) / denom
-    d_np = float(np.max(np.abs(ref32[i].astype(np.float64) - ref64[i]))) / denom
-    return verdict, f"{d_jg:.1e}", f"{d_np:.1e}"
+    return {"verdict": verdict, "jg_vs_np32": float(np.max(np.abs(got - ref32[i]))) / denom,
+            "np32_vs_np64": float(np.max(np.abs(ref32[i].astype(np.float64) - ref64[i]))) / denom}
 
 
-def bench_n(n, all_weights, xb, repeats, min_sample_s):
+def bench_n(ctx, n, all_weights, xb):
     weights = all_weights[:n]
-    times, faults = [], []
-    for _ in range(BUILD_REPEATS):
-        built = None                      # drop the previous graph, then collect it, so
+    runs = []
+    built = {}
+    for r in range(BUILD_REPEATS):
+        ctx.note(f"N={n:,}: build {r + 1}/{BUILD_REPEATS}")
+        built.clear()                     # drop the previous graph, then collect it, so
         gc.collect()                      # its garbage is not charged to this build
-        built = build_chain(weights)
-        times.append(built[3])
-        faults.append(built[4])
-    x, params, bwd = built[:3]
-    t_params, t_ops, t_fwd, t_bwd = (statistics.median(t[k] for t in times) for k in range(4))
+        runs.append(build_phases(weights, (B, D), keep=built))
+    x, params, bwd = built["x"], built["params"], built["bwd"]
     st = bwd.stats()
-    n_nodes = int(bwd.order.size)
 
     feeds = {x: xb}
     loss_jg = float(bwd.run(feeds))
-    loss32, dW32, hs = numpy_fwd_bwd(xb, weights)
-    _, dW64, _ = numpy_fwd_bwd(xb.astype(np.float64), [w.astype(np.float64) for w in weights])
+    loss32, dW32, hs = np_chain(xb, weights)
+    _, dW64, _ = np_chain(xb.astype(np.float64), [w.astype(np.float64) for w in weights])
     rms = [float(np.sqrt(np.mean(np.square(h, dtype=np.float64)))) for h in hs[1:]]
     underflow = min(rms) < TINY_RMS
     first = grad_check(params[0], 0, dW32, dW64, underflow)
     last = grad_check(params[-1], n - 1, dW32, dW64, underflow)
     del dW32, dW64, hs
 
-    (t_run, t_np), inner = time_alternating(
-        [lambda: bwd.run(feeds), lambda: numpy_fwd_bwd(xb, weights)], repeats, min_sample_s)
-
-    return {
-        "params": f"{t_params / n * 1e6:.2f} us",
-        "ops": f"{t_ops / (2 * n + 1) * 1e6:.2f} us",
-        "fwd": f"{t_fwd * 1e3:.2f} ms",
-        "bwd": f"{t_bwd * 1e3:.2f} ms",
-        "faults": "n/a" if None in faults else f"{statistics.median(faults):,.0f}",
-        "nodes": f"{n_nodes:,}",
-        "split": f"{st['n_forward']:,} / {st['n_backward']:,}",
-        "run": f"{t_run * 1e3:.2f} ms",
-        "rate": f"{n_nodes / t_run / 1e6:.2f} M/s",
-        "numpy": f"{t_np * 1e3:.2f} ms",
-        "ratio": f"{t_run / t_np:.3f}",
-        "calls": str(inner),
-        "loss": f"{loss_jg:.6g} / {float(loss32):.6g}",
-        "rms": ("UNDERFLOW " if underflow else "") + f"{min(rms):.3g} / {max(rms):.3g}",
-        **dict(zip(("g1", "g1_jg", "g1_np"), first)),
-        **dict(zip(("gN", "gN_jg", "gN_np"), last)),
-        "_op_s": t_ops / (2 * n + 1), "_bwd_s": t_bwd,
-    }
+    faults = [r["faults"] for r in runs]
+    return {"n": n, "median_s": {k: statistics.median(r[k] for r in runs) for k in PHASES},
+            "faults": None if None in faults else statistics.median(faults),
+            "n_nodes": st["n_nodes"], "n_forward": st["n_forward"], "n_backward": st["n_backward"],
+            "loss": [loss_jg, float(loss32)], "rms": [min(rms), max(rms)], "underflow": underflow,
+            "grad_first": first, "grad_last": last,
+            "timing": harness.timed(ctx, {"jitgraph": lambda: bwd.run(feeds), "numpy": lambda: np_chain(xb, weights)})}
 
 
-# ---- main -------------------------------------------------------------------------------
-
-def target_cell(results, key, limit, text):
-    """'<text>: met' or 'MISSED' for the N = 10,000 figure, or why there is none."""
-    r = results.get(TARGET_N)
-    if r is None:
-        return f"{text} (N={TARGET_N:,} not run)"
-    return f"{text}: {'met' if r[key] <= limit else 'MISSED'}"
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N = 10, 100 only: a smoke test, not a measurement")
-    ap.add_argument("--repeats", type=int, default=None, help="timed run repeats (default 7; 5 with --quick)")
-    args = ap.parse_args(argv)
-
-    if args.quick:
-        ns, repeats, min_sample_s = (10, 100), 5, 0.005
-    else:
-        ns, repeats, min_sample_s = (100, 1_000, 10_000), 7, 0.05
-    if args.repeats is not None:
-        repeats = max(5, args.repeats)
-
-    print("jitgraph backward benchmark" + (" (--quick: tiny sizes, figures are not meaningful)" if args.quick else ""))
-    print(f"chain x ({B}, {D}) -> N x relu(h @ W_i) -> mean(h), float32; builds: median of {BUILD_REPEATS}, "
-          f"runs: median of {repeats} after a warm-up")
-
+def run(ctx):
+    ns = (10, 100) if ctx.quick else (100, 1_000, 10_000)
     rng = np.random.default_rng(0)
     xb = rng.standard_normal((B, D)).astype(np.float32)
-    all_weights = chain_weights(max(ns), D, xb, rng)   # RMS-preserving: see jitgraph.bench
+    all_weights = chain_weights(max(ns), D, xb, rng)
 
     # First call of the pipeline in this process, on a 3-layer chain: loads (or
-    # compiles) every jitted pass and the interpreter.  Reported, in no figure below.
+    # compiles) every jitted pass and the interpreter.  Reported, in no figure.
     t0 = time.perf_counter()
-    wx, _, wbwd = build_chain(all_weights[:3])[:3]
-    wbwd.run({wx: xb})
+    warm = {}
+    build_phases(all_weights[:3], (B, D), keep=warm)
+    warm["bwd"].run({warm["x"]: xb})
     first_call = time.perf_counter() - t0
-    del wx, wbwd
+    del warm
+    return {"title": f"backward: an N-layer relu chain, float32, D = B = {D} (perf/bench_backward.py)",
+            "what": f"x ({B}, {D}) -> N x relu(h @ W_i) -> mean(h); builds: median of {BUILD_REPEATS} fresh "
+                    f"graphs, runs: the harness's interleaved median against numpy eager",
+            "first_call_s": first_call, "by_n": [bench_n(ctx, n, all_weights, xb) for n in ns]}
 
-    results = {}
-    for n in ns:
-        results[n] = bench_n(n, all_weights, xb, repeats, min_sample_s)
 
-    def row(label, key, target=""):
-        return [label] + [results[n][key] for n in ns] + [target]
+def target_cell(res, value, limit, text):
+    """'<text>: met' or 'MISSED' for the N = 10,000 figure, or why there is none."""
+    r = next((r for r in res["by_n"] if r["n"] == TARGET_N), None)
+    if r is None:
+        return f"{text} (N={TARGET_N:,} not run)"
+    return f"{text}: {'met' if value(r) <= limit else 'MISSED'}"
+
+
+def markdown(res):
+    by_n = res["by_n"]
+
+    def row(label, cell, target=""):
+        return [label] + [cell(r) for r in by_n] + [target]
+
+    def op_s(r):
+        return r["median_s"]["ops"] / (2 * r["n"] + 1)
+
+    def t(r, name):
+        return r["timing"]["contenders"][name]["median_s"]
+
+    def grad(key, field):
+        return (lambda r: r[key][field]) if field == "verdict" else (lambda r: f"{r[key][field]:.1e}")
 
     rows = [
-        row("create params (g.param), per param", "params"),
-        row("build forward ops (Python), per op", "ops",
-            target_cell(results, "_op_s", TARGET_OP_S, "<= 2 us/op")),
-        row("build_forward", "fwd"),
-        row("build_backward (expand the backward graph)", "bwd",
-            target_cell(results, "_bwd_s", TARGET_BACKWARD_S, "<= 20 ms")),
-        row("  minor page faults during it", "faults"),
-        row("program nodes (bwd.order.size)", "nodes"),
-        row("  n_forward / n_backward (bwd.stats)", "split"),
-        row("fwd+bwd run: bwd.run({x: xb})", "run"),
-        row("  program nodes per second", "rate"),
-        row("numpy eager fwd+bwd", "numpy"),
-        row("jitgraph / numpy", "ratio"),
-        row("  calls per timed sample", "calls"),
-        row("loss: jitgraph / numpy", "loss"),
-        row("activation RMS over layers: min / max", "rms"),
-        row("W_1.grad matches numpy (allclose)", "g1"),
-        row("  max|diff| / max|grad|: jitgraph vs numpy f32", "g1_jg"),
-        row("  same measure: numpy f32 vs numpy f64", "g1_np"),
-        row("W_N.grad matches numpy (allclose)", "gN"),
-        row("  max|diff| / max|grad|: jitgraph vs numpy f32", "gN_jg"),
-        row("  same measure: numpy f32 vs numpy f64", "gN_np"),
+        row("create params (g.param), per param", lambda r: fmt_s(r["median_s"]["params"] / r["n"])),
+        row("build forward ops (Python), per op", lambda r: fmt_s(op_s(r)),
+            target_cell(res, op_s, TARGET_OP_S, "<= 2 us/op")),
+        row("build_forward", lambda r: fmt_s(r["median_s"]["build_forward"])),
+        row("build_backward (expand the backward graph)", lambda r: fmt_s(r["median_s"]["build_backward"]),
+            target_cell(res, lambda r: r["median_s"]["build_backward"], TARGET_BACKWARD_S, "<= 20 ms")),
+        row("minor page faults during it", lambda r: "n/a" if r["faults"] is None else f"{r['faults']:,.0f}"),
+        row("program nodes (bwd.stats n_nodes)", lambda r: f"{r['n_nodes']:,}"),
+        row("n_forward / n_backward (bwd.stats)", lambda r: f"{r['n_forward']:,} / {r['n_backward']:,}"),
+        row("fwd+bwd run: bwd.run({x: xb})", lambda r: fmt_s(t(r, "jitgraph"))),
+        row("program nodes per second", lambda r: f"{r['n_nodes'] / t(r, 'jitgraph') / 1e6:.2f} M/s"),
+        row("numpy eager fwd+bwd", lambda r: fmt_s(t(r, "numpy"))),
+        row("jitgraph / numpy (median of per-repeat ratios)",
+            lambda r: f"{r['timing']['ratios']['jitgraph/numpy']['median']:.3f}"),
+        row("calls per timed sample, jitgraph / numpy", lambda r: " / ".join(
+            str(c["calls_per_sample"]) for c in r["timing"]["contenders"].values())),
+        row("loss: jitgraph / numpy", lambda r: f"{r['loss'][0]:.6g} / {r['loss'][1]:.6g}"),
+        row("activation RMS over layers: min / max",
+            lambda r: ("UNDERFLOW " if r["underflow"] else "") + f"{r['rms'][0]:.3g} / {r['rms'][1]:.3g}"),
+        row("W_1.grad matches numpy (allclose)", grad("grad_first", "verdict")),
+        row("max|diff| / max|grad|: jitgraph vs numpy f32", grad("grad_first", "jg_vs_np32")),
+        row("same measure: numpy f32 vs numpy f64", grad("grad_first", "np32_vs_np64")),
+        row("W_N.grad matches numpy (allclose)", grad("grad_last", "verdict")),
+        row("max|diff| / max|grad|: jitgraph vs numpy f32", grad("grad_last", "jg_vs_np32")),
+        row("same measure: numpy f32 vs numpy f64", grad("grad_last", "np32_vs_np64")),
     ]
-    print_table("Backward of an N-layer relu chain, float32, D = B = 64",
-                ["figure"] + [f"N={n:,}" for n in ns] + ["target (N=10,000)"], rows)
-    print(f"   first jitgraph build + backward + run in this process (JIT load/compile, 3-layer chain): "
-          f"{first_call * 1e3:.0f} ms")
-    print("   'per op' divides the Python loop by its 2N+1 ops; build_backward includes ordering and memory")
-    print("   planning of the whole program.  fwd+bwd run leaves the gradients in jitgraph's buffer (W.grad")
-    print("   copies one out on access); numpy returns a list of N new arrays.  allclose: rtol 1e-3, atol 1e-6;")
-    print("   when jitgraph's difference is no bigger than numpy's own f32-vs-f64 one, it is float32 rounding.")
-    print("   page faults: first touches of memory the allocator had to get from the OS.  Whether build_backward")
-    print("   gets fresh or recycled memory depends on what the process freed before, so its time varies")
-    print("   between runs by the cost of these faults (a few us each); compare runs at equal fault counts.")
+    return md_table(["figure"] + [f"N={r['n']:,}" for r in by_n] + [f"target (N={TARGET_N:,})"], rows) + [
+        "",
+        f"* first jitgraph build + backward + run in this process (JIT load/compile, 3-layer chain): "
+        f"{fmt_s(res['first_call_s'])}",
+        "* 'per op' divides the Python loop by its 2N+1 ops; build_backward includes ordering and memory "
+        "planning of the whole program.",
+        "* fwd+bwd run leaves the gradients in jitgraph's buffer (W.grad copies one out on access); numpy "
+        "returns a list of N new arrays.",
+        "* allclose: rtol 1e-3, atol 1e-6; when jitgraph's difference is no bigger than numpy's own f32-vs-f64 "
+        "one, it is float32 rounding.",
+        "* page faults: first touches of memory the allocator had to get from the OS.  Whether build_backward "
+        "gets fresh or recycled memory depends on what the process freed before, so its time varies between "
+        "runs by the cost of these faults (a few us each); compare runs at equal fault counts."]
 
-    print_environment()
-    return 0
 
+WORKLOAD = harness.Workload("backward", "perf/bench_backward.py: build, expand and run a deep chain's backward",
+                            run, markdown)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(None, [WORKLOAD], prog="python perf/bench_backward.py",
+                          description=__doc__.split("\n\n")[0]))

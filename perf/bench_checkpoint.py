@@ -1,16 +1,18 @@
-"""Checkpointing benchmark: planned memory, run time and recompute cost of each strategy.
+"""Checkpointing benchmark: planned memory, run time and recompute cost of each strategy
+(workload ``checkpoint``).
 
-Run from the repository root:
+Run from the repository root (or ``jitgraph bench --only checkpoint``):
 
-    PYTHONPATH=. python perf/bench_checkpoint.py            # full sizes (1-3 minutes)
-    PYTHONPATH=. python perf/bench_checkpoint.py --quick    # tiny sizes: a smoke test
+    python perf/bench_checkpoint.py            # full sizes (1-3 minutes)
+    python perf/bench_checkpoint.py --quick    # tiny sizes: a smoke test
 
-Workloads (float32):
+It takes the harness's options (``--help``) and writes its results like ``jitgraph bench``.
+Networks (float32):
 
   chain N       x (B, D) -> h = relu(h @ W_i), i = 1..N -> loss = mean(h); B = 1024,
-                D = 64; N = 100, 1,000 (--quick: 10, 100).  Weights He-scaled, then
-                each layer's scale corrected so the batch's activation RMS stays at the
-                input's (as in bench_backward.py), so nothing vanishes or explodes.
+                D = 64; N = 100, 1,000 (--quick: 10, 100).  Weights from
+                models.chain_weights (activation RMS kept at the input's), so nothing
+                vanishes or explodes.
   blocks L      L transformer-like blocks, B = 8, T = 64, D = 64: pre-norm single-head
                 attention (layer_norm, q/k/v, softmax(q k^T / sqrt(D)) v, out proj,
                 residual) then a pre-norm gelu MLP of width 4D with a residual;
@@ -32,45 +34,47 @@ Columns:
 
   peak MiB          bwd.peak_bytes, the planned arena high-water mark (params, inputs and
                     the gradient outputs live outside it); x none: its ratio to none's
-  fwd+bwd           bwd.run(feeds): forward, recompute, backward.  Median of the repeats
-                    after a warm-up run; all strategies' programs are built first and take
-                    turns inside every repeat (common.time_alternating), so machine noise
-                    hits all alike; x none: ratio to none's median
-  FLOPs x none      the whole program's FLOP estimate (2mnk per matmul, elements x op
-                    factor otherwise: the planner's own cost model) over none's: the time
-                    ratio to expect if run time were proportional to FLOPs
+  fwd+bwd           bwd.run(feeds): forward, recompute, backward.  The harness's
+                    interleaved median (all strategies' programs are built first and
+                    take turns inside every repeat); x none: median of per-repeat ratios
+  FLOPs x none      the whole program's FLOPs over none's, counted over bwd.nodes() by a
+                    simple model (2mnk per matmul, one per element touched otherwise):
+                    the time ratio to expect if run time were proportional to FLOPs
   recomputed        bwd.stats()["n_recomputed"]: forward nodes copied into the backward pass
-  recompute GFLOP   bwd.stats()["recompute_flops"]; % fwd: of the forward pass's FLOPs
+  recompute GFLOP   bwd.stats()["recompute_flops"], the planner's own estimate (it weighs
+                    transcendental ops more); % fwd: the recomputed copies' FLOPs over the
+                    forward pass's, both by the simple model
   build_backward    jg.build_backward(fwd, ...) wall time, median of BUILD_REPEATS builds
                     (planning included: for budgets, the search over DP plans)
   bit-identical     np.array_equal of the loss and of every param's bwd.grad(W) with none's
 
 After the tables: the Pareto frontier jg.pareto(fwd) of the largest chain, (peak,
-recompute FLOPs) pairs none of which is beaten on both, saved as a plot to
-perf/results/pareto_chain.png when matplotlib is installed.
+recompute FLOPs) pairs none of which is beaten on both, plotted to checkpoint_pareto.png.
 
 The issue's targets, shown as met / MISSED: for sqrt on the N = 1,000, B = 1,024 chain,
 planned peak <= 0.07 x none and fwd+bwd time <= 1.3 x none; every strategy's loss and
-gradients bit-identical to none's on every workload.  No assertion is made on timings.
+gradients bit-identical to none's on every network.  No assertion is made on timings.
 """
-import argparse
 import gc
+import math
 import os
 import statistics
 import sys
 import time
 from collections import namedtuple
 
-import numpy as np
+if not __package__:  # a script: load this folder as jitgraph._perf (the checkout's jitgraph first)
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from jitgraph.cli import perf_package
+    __package__ = perf_package().__name__
 
-import jitgraph as jg
-# Not re-exported by jitgraph: the FLOP model bwd.stats()'s recompute_flops uses.
-from jitgraph.bench import chain_weights
-from jitgraph.checkpoint import total_flops
+import numpy as np  # noqa: E402
 
-# perf/ first on the path, so `common` is found however this script is launched
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import fmt_time, print_environment, print_table, time_alternating  # noqa: E402
+import jitgraph as jg  # noqa: E402
+
+from . import harness  # noqa: E402
+from .models import chain_weights  # noqa: E402
+from .report import fmt_s, md_table  # noqa: E402
 
 MiB = 2 ** 20
 CHAIN_B, CHAIN_D = 1024, 64
@@ -80,14 +84,13 @@ STRATEGIES = ("none", "every layer", "sqrt", "save_matmuls", "budget 25%")
 TARGET_N = 1_000
 TARGET_PEAK_RATIO = 0.07
 TARGET_TIME_RATIO = 1.3
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # One freshly built network: feeds for run(), params in creation order (to pair the
 # gradients across strategies), the scalar loss, and the per-layer outputs.
 Model = namedtuple("Model", "feeds params loss outs")
 
 
-# ---- workloads ----------------------------------------------------------------------------
+# ---- networks -------------------------------------------------------------------------------
 
 def chain_builder(weights, xb):
     def build():
@@ -140,15 +143,15 @@ def strategy_kwargs(name, model, none_peak):
             "save_matmuls": {"policy": "save_matmuls"}}[name]
 
 
-# ---- one workload --------------------------------------------------------------------------
+# ---- one network ------------------------------------------------------------------------------
 
 def build_strategy(build, name, none_peak, build_repeats):
-    """(model, bwd, median build_backward seconds), or (None, GraphError message, None).
-    Each build is of a fresh graph; the last one is kept to run."""
+    """(model, fwd, bwd, median build_backward seconds), or (None, None, GraphError
+    message, None).  Each build is of a fresh graph; the last one is kept to run."""
     times = []
-    model = bwd = fwd = None
+    model = fwd = bwd = None
     for _ in range(build_repeats):
-        model = bwd = fwd = None          # drop the previous graph and collect it, so
+        model = fwd = bwd = None          # drop the previous graph and collect it, so
         gc.collect()                      # its garbage is not charged to this build
         model = build()
         fwd = jg.build_forward(model.loss)
@@ -157,14 +160,33 @@ def build_strategy(build, name, none_peak, build_repeats):
         try:
             bwd = jg.build_backward(fwd, **kwargs)
         except jg.GraphError as e:
-            return None, str(e), None
+            return None, None, str(e), None
         times.append(time.perf_counter() - t0)
-    return model, bwd, statistics.median(times)
+    return model, fwd, bwd, statistics.median(times)
 
 
-def program_flops(bwd):
-    nodes = bwd.graph.nodes
-    return int(total_flops(nodes.arrays(), bwd.order.astype(np.int64)))
+def program_flops(prog):
+    """(all, recomputed copies') FLOPs of a program by a simple model over its public
+    node table: 2mnk per matmul, one per element touched otherwise, none for leaves."""
+    rows = prog.nodes()
+    shapes = {r["id"]: r["shape"] for r in rows}
+    total = recomputed = 0
+    for r in rows:
+        if not r["sources"]:
+            continue
+        out = math.prod(r["shape"])
+        first = shapes[r["sources"][0]]
+        if r["op"] == "matmul":
+            # a's last two dims are (m, k) or, read transposed, (k, m): k is the one left after m
+            dims = list(first[-2:])
+            dims.remove(r["shape"][-2])
+            flops = 2 * out * dims[0]
+        else:
+            flops = max(out, math.prod(first))
+        total += flops
+        if "recomputed" in r["flags"]:
+            recomputed += flops
+    return total, recomputed
 
 
 def identical(model, bwd, loss, ref_loss, ref_grads):
@@ -178,175 +200,77 @@ def identical(model, bwd, loss, ref_loss, ref_grads):
            f"{len(bad)}/{len(grads)} grads differ (max |diff| {diff:.2g})"
 
 
-def bench_workload(build, repeats, min_sample_s, build_repeats):
-    """Build every strategy's program, check it against none, time them interleaved.
-    Returns ({strategy: figures}, with figures['error'] set for a GraphError; and
-    {forward FLOPs, calls per timed sample})."""
-    built = {}
-    model, bwd, t_build = build_strategy(build, "none", None, build_repeats)
-    built["none"] = (model, bwd, t_build)
+def bench_network(ctx, key, title, build, build_repeats):
+    """Build every strategy's program, check it against none, time them interleaved."""
+    ctx.note(f"{key}: builds")
+    built = {"none": build_strategy(build, "none", None, build_repeats)}
+    model, fwd, bwd, _ = built["none"]
     none_peak = bwd.peak_bytes
+    fwd_flops = program_flops(fwd)[0]
     for name in STRATEGIES[1:]:
         built[name] = build_strategy(build, name, none_peak, build_repeats)
-
     ok = {k: v for k, v in built.items() if v[0] is not None}
+
     # one run each (also a warm-up) for the bit-identity check against none
-    ref_model, ref_bwd, _ = ok["none"]
-    ref_loss = ref_bwd.run(ref_model.feeds)
-    ref_grads = [ref_bwd.grad(p) for p in ref_model.params]
-    fwd_flops = total_flops(ref_bwd.graph.nodes.arrays(), ref_bwd.forward.order.astype(np.int64))
-    none_flops = program_flops(ref_bwd)
-    same = {}
-    for name, (model, bwd, _) in ok.items():
-        same[name] = identical(model, bwd, bwd.run(model.feeds), ref_loss, ref_grads)
+    ref_loss = bwd.run(model.feeds)
+    ref_grads = [bwd.grad(p) for p in model.params]
+    same = {name: identical(m, b, b.run(m.feeds), ref_loss, ref_grads) for name, (m, _, b, _) in ok.items()}
     del ref_grads
+    timing = harness.timed(ctx, {k: (lambda m=v[0], b=v[2]: b.run(m.feeds)) for k, v in ok.items()},
+                           ref="none", ref_over=False)
 
-    names = list(ok)
-    fns = [lambda m=ok[k][0], b=ok[k][1]: b.run(m.feeds) for k in names]
-    secs, inner = time_alternating(fns, repeats, min_sample_s)
-    run_s = dict(zip(names, secs))
-
+    none_flops = program_flops(bwd)[0]
     res = {}
     for name in STRATEGIES:
-        model, bwd, t_build = built[name]
+        model, _, bwd, t_build = built[name]
         if model is None:
             res[name] = {"error": bwd}
             continue
         st = bwd.stats()
+        flops, recomputed = program_flops(bwd)
+        ratio = timing["ratios"].get(f"{name}/none")
         res[name] = {
-            "peak": bwd.peak_bytes, "peak_ratio": bwd.peak_bytes / none_peak,
-            "run": run_s[name], "run_ratio": run_s[name] / run_s["none"],
-            "flops_ratio": program_flops(bwd) / none_flops,
-            "n_recomputed": st["n_recomputed"], "recompute_flops": st["recompute_flops"],
-            "recompute_frac": st["recompute_flops"] / fwd_flops,
-            "build": t_build, "same": same[name],
+            "peak_bytes": bwd.peak_bytes, "peak_ratio": bwd.peak_bytes / none_peak,
+            "run_s": timing["contenders"][name]["median_s"], "run_ratio": 1.0 if ratio is None else ratio["median"],
+            "flops_ratio": flops / none_flops, "n_recomputed": st["n_recomputed"],
+            "recompute_flops": st["recompute_flops"], "recompute_frac": recomputed / fwd_flops,
+            "build_s": t_build, "same": same[name],
             "budget": strategy_kwargs(name, model, none_peak).get("memory_budget"),
         }
-    return res, {"fwd_flops": fwd_flops, "inner": inner}
-
-
-def print_workload(title, res, meta):
-    rows, errors = [], []
-    for name in STRATEGIES:
-        r = res[name]
-        label = name if r.get("budget") is None else f"{name} ({r['budget'] / MiB:.2f} MiB)"
-        if "error" in r:
-            rows.append([label, "GraphError"] + ["-"] * 9)
-            errors.append(f"   {label}: GraphError: {r['error']}")
-            continue
-        rows.append([label, f"{r['peak'] / MiB:.2f}", f"{r['peak_ratio']:.3f}",
-                     fmt_time(r["run"]), f"{r['run_ratio']:.3f}", f"{r['flops_ratio']:.3f}",
-                     f"{r['n_recomputed']:,}", f"{r['recompute_flops'] / 1e9:.3f}",
-                     f"{100 * r['recompute_frac']:.0f}%", fmt_time(r["build"]), r["same"]])
-    print_table(title, ["strategy", "peak MiB", "x none", "fwd+bwd", "x none", "FLOPs x none",
-                        "recomputed", "recompute GFLOP", "% fwd", "build_backward", "bit-identical"], rows)
-    print(f"   forward pass: {meta['fwd_flops'] / 1e9:.3f} GFLOP; fwd+bwd calls per timed sample: {meta['inner']}")
-    for line in errors:
-        print(line)
+    return {"key": key, "title": title, "fwd_flops": fwd_flops, "strategies": res, "timing": timing}
 
 
 # ---- Pareto frontier ------------------------------------------------------------------------
 
-def print_pareto(build, measured, title):
-    """Table of jg.pareto(fwd) rows, and the plot when matplotlib is installed."""
+def pareto(build, measured):
+    """jg.pareto(fwd)'s rows, its time, and the measured strategies it beats on both axes."""
     model = build()
     fwd = jg.build_forward(model.loss)
     t0 = time.perf_counter()
     front = jg.pareto(fwd)
-    t_pareto = time.perf_counter() - t0
-    none_peak = next(r["peak_bytes"] for r in front if r["strategy"] == "none")
-    rows = [[r["strategy"], "-" if r["budget"] is None else f"{r['budget'] / MiB:.2f}",
-             f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_bytes'] / none_peak:.3f}",
-             f"{r['recompute_flops'] / 1e9:.3f}", f"{r['n_recomputed']:,}"] for r in front]
-    print_table(f"{title}: Pareto frontier, jg.pareto(fwd) ({fmt_time(t_pareto)})",
-                ["strategy", "budget MiB", "peak MiB", "x none", "recompute GFLOP", "recomputed"], rows)
-    # the strategies measured above that the frontier beats on both axes
+    seconds = time.perf_counter() - t0
+    off = []
     for name, r in measured.items():
         if "error" in r:
             continue
-        better = [f for f in front if f["peak_bytes"] <= r["peak"] and f["recompute_flops"] <= r["recompute_flops"]
-                  and (f["peak_bytes"], f["recompute_flops"]) != (r["peak"], r["recompute_flops"])]
+        better = [f for f in front if f["peak_bytes"] <= r["peak_bytes"] and f["recompute_flops"] <= r["recompute_flops"]
+                  and (f["peak_bytes"], f["recompute_flops"]) != (r["peak_bytes"], r["recompute_flops"])]
         if better:
-            f = min(better, key=lambda f: f["recompute_flops"])
-            print(f"   {name} ({r['peak'] / MiB:.2f} MiB, {r['recompute_flops'] / 1e9:.3f} GFLOP) is off the "
-                  f"frontier: {f['strategy']} gives {f['peak_bytes'] / MiB:.2f} MiB, "
-                  f"{f['recompute_flops'] / 1e9:.3f} GFLOP")
-    plot_pareto(front, measured, title)
+            off.append({"strategy": name, "by": min(better, key=lambda f: f["recompute_flops"])})
+    return {"seconds": seconds, "front": front, "off_frontier": off}
 
 
-def plot_pareto(front, measured, title):
-    try:
-        import matplotlib
-    except ImportError:
-        print("   plot skipped: matplotlib is not installed")
-        return
-    matplotlib.use("Agg")                 # file output only, no display needed
-    import matplotlib.pyplot as plt
+# ---- the workload ---------------------------------------------------------------------------
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [r["peak_bytes"] / MiB for r in front]
-    ys = [r["recompute_flops"] / 1e9 for r in front]
-    # frontier rows come lowest peak first: a step shows what each extra MiB buys
-    ax.step(xs, ys, where="post", color="tab:blue", alpha=0.5)
-    ax.plot(xs, ys, "o", color="tab:blue", label="jg.pareto(fwd)")
-    # the strategies as built and run above: hollow markers of shrinking size, so
-    # coinciding ones (none, every layer, save_matmuls on a chain) stay visible
-    for i, (name, r) in enumerate(measured.items()):
-        if "error" not in r:
-            ax.plot(r["peak"] / MiB, r["recompute_flops"] / 1e9, "sD^vP"[i], markersize=14 - 2 * i,
-                    fillstyle="none", label=name)
-    ax.set_xlabel("planned peak (MiB)")
-    ax.set_ylabel("recompute (GFLOP)")
-    ax.set_title(f"{title}: memory vs recompute")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, "pareto_chain.png")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    print(f"   plot saved: {os.path.relpath(path)}")
-
-
-# ---- main -------------------------------------------------------------------------------
-
-def met(ok):
-    return "met" if ok else "MISSED"
-
-
-def print_targets(results, chain_key):
-    r = results.get(chain_key, {}).get("sqrt")
-    rows = []
-    if r is None or "error" in r:
-        why = "not run (--quick)" if r is None else "sqrt failed"
-        rows += [["sqrt peak / none, chain N=1,000", f"<= {TARGET_PEAK_RATIO}", why, ""],
-                 ["sqrt fwd+bwd / none, chain N=1,000", f"<= {TARGET_TIME_RATIO}", why, ""]]
-    else:
-        rows += [["sqrt peak / none, chain N=1,000", f"<= {TARGET_PEAK_RATIO}", f"{r['peak_ratio']:.3f}",
-                  met(r["peak_ratio"] <= TARGET_PEAK_RATIO)],
-                 ["sqrt fwd+bwd / none, chain N=1,000", f"<= {TARGET_TIME_RATIO}", f"{r['run_ratio']:.3f}",
-                  met(r["run_ratio"] <= TARGET_TIME_RATIO)]]
-    checked = [(w, s) for w, res in results.items() for s in STRATEGIES if "error" not in res[s]]
-    differ = [f"{w} / {s}" for w, s in checked if results[w][s]["same"] != "yes"]
-    rows.append(["gradients bit-identical to none", "all", f"{len(checked) - len(differ)} of {len(checked)}",
-                 met(not differ)])
-    print_table("Targets", ["target", "wanted", "measured", ""], rows)
-    for d in differ:
-        print(f"   differs: {d}")
-    n_err = sum("error" in res[s] for res in results.values() for s in STRATEGIES)
-    if n_err:
-        print(f"   ({n_err} budget run(s) raised GraphError and are not in the count)")
-
-
-def warm_up():
-    """Load (or compile) every jitted pass and kernel the workloads use, on tiny graphs,
+def warm_up(rng):
+    """Load (or compile) every jitted pass and kernel the networks use, on tiny graphs,
     so no build or run figure includes JIT time.  Returns its wall time."""
     t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
     xb = rng.standard_normal((8, CHAIN_D)).astype(np.float32)
     for build in (chain_builder(chain_weights(4, xb.shape[1], xb, rng), xb), blocks_builder(2, dropout=True, B=2, T=4)):
         none_peak = None
         for name in STRATEGIES:
-            model, bwd, _ = build_strategy(build, name, none_peak, 1)
+            model, _, bwd, _ = build_strategy(build, name, none_peak, 1)
             if model is not None:
                 bwd.run(model.feeds)
                 none_peak = none_peak or bwd.peak_bytes
@@ -354,58 +278,144 @@ def warm_up():
     return time.perf_counter() - t0
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="chain N = 10, 100 and blocks L = 2 only: a smoke test, not a measurement")
-    ap.add_argument("--repeats", type=int, default=None, help="timed run repeats (default 7; 5 with --quick; min 5)")
-    args = ap.parse_args(argv)
+def targets(networks):
+    """The issue's targets as rows (what, wanted, measured, met or None)."""
+    sqrt = next((n["strategies"]["sqrt"] for n in networks if n["key"] == f"chain N={TARGET_N:,}"), None)
+    rows = []
+    for what, field, limit in (("sqrt peak / none", "peak_ratio", TARGET_PEAK_RATIO),
+                               ("sqrt fwd+bwd / none", "run_ratio", TARGET_TIME_RATIO)):
+        if sqrt is None or "error" in sqrt:
+            rows.append({"what": f"{what}, chain N={TARGET_N:,}", "wanted": f"<= {limit}",
+                         "measured": "not run (--quick)" if sqrt is None else "sqrt failed", "met": None})
+        else:
+            rows.append({"what": f"{what}, chain N={TARGET_N:,}", "wanted": f"<= {limit}",
+                         "measured": f"{sqrt[field]:.3f}", "met": sqrt[field] <= limit})
+    checked = [(n["key"], s, r) for n in networks for s, r in n["strategies"].items() if "error" not in r]
+    differ = [f"{k} / {s}" for k, s, r in checked if r["same"] != "yes"]
+    rows.append({"what": "gradients bit-identical to none", "wanted": "all",
+                 "measured": f"{len(checked) - len(differ)} of {len(checked)}", "met": not differ,
+                 "differ": differ})
+    return rows
 
-    if args.quick:
-        chain_ns, block_ls, repeats, min_sample_s, build_repeats = (10, 100), (2,), 5, 0.005, 3
+
+def run(ctx):
+    if ctx.quick:
+        chain_ns, block_ls, build_repeats = (10, 100), (2,), 3
     else:
-        chain_ns, block_ls, repeats, min_sample_s, build_repeats = (100, 1_000), (8, 16), 7, 0.05, BUILD_REPEATS
-    if args.repeats is not None:
-        repeats = max(5, args.repeats)
-
-    print("jitgraph checkpointing benchmark" +
-          (" (--quick: tiny sizes, figures are not meaningful)" if args.quick else ""))
-    print(f"float32; fwd+bwd: median of {repeats} interleaved repeats after a warm-up; "
-          f"build_backward: median of {build_repeats} fresh builds")
-    print(f"first build + run of every strategy in this process (JIT load/compile, tiny graphs): "
-          f"{warm_up() * 1e3:.0f} ms, in no figure below")
+        chain_ns, block_ls, build_repeats = (100, 1_000), (8, 16), BUILD_REPEATS
+    rng = np.random.default_rng(0)
+    ctx.note("warm-up")
+    warm_s = warm_up(rng)
 
     rng = np.random.default_rng(0)
     xb = rng.standard_normal((CHAIN_B, CHAIN_D)).astype(np.float32)
     weights = chain_weights(max(chain_ns), xb.shape[1], xb, rng)
-    workloads = [(f"chain N={n:,}", f"N-layer relu chain, N = {n:,}, B = {CHAIN_B}, D = {CHAIN_D}",
-                  chain_builder(weights[:n], xb)) for n in chain_ns]
-    for L in block_ls:
-        workloads.append((f"blocks L={L}", f"{L} transformer-like blocks, B = 8, T = 64, D = 64",
-                          blocks_builder(L)))
-    workloads.append((f"blocks L={block_ls[0]} + dropout",
-                      f"{block_ls[0]} transformer-like blocks with dropout(0.1) after softmax",
-                      blocks_builder(block_ls[0], dropout=True)))
-
-    results = {}
-    for key, title, build in workloads:
-        results[key], meta = bench_workload(build, repeats, min_sample_s, build_repeats)
-        print_workload(title, results[key], meta)
-        gc.collect()                      # free this workload's programs before the next
+    plan = [(f"chain N={n:,}", f"N-layer relu chain, N = {n:,}, B = {CHAIN_B}, D = {CHAIN_D}",
+             chain_builder(weights[:n], xb)) for n in chain_ns]
+    plan += [(f"blocks L={L}", f"{L} transformer-like blocks, B = 8, T = 64, D = 64", blocks_builder(L))
+             for L in block_ls]
+    plan.append((f"blocks L={block_ls[0]} + dropout",
+                 f"{block_ls[0]} transformer-like blocks with dropout(0.1) after softmax",
+                 blocks_builder(block_ls[0], dropout=True)))
+    networks = []
+    for key, title, build in plan:
+        networks.append(bench_network(ctx, key, title, build, build_repeats))
+        gc.collect()                      # free this network's programs before the next
 
     n_front = max(chain_ns)
-    print_pareto(chain_builder(weights[:n_front], xb), results[f"chain N={n_front:,}"],
-                 f"chain N={n_front:,}")
-    print_targets(results, f"chain N={TARGET_N:,}")
+    ctx.note("pareto")
+    front = pareto(chain_builder(weights[:n_front], xb), networks[chain_ns.index(n_front)]["strategies"])
+    front["network"] = f"chain N={n_front:,}"
+    return {"title": "checkpoint: planned memory, run time and recompute of each checkpointing strategy "
+                     "(perf/bench_checkpoint.py)",
+            "what": f"float32; fwd+bwd: the harness's interleaved median of {ctx.repeats} repeats; build_backward: "
+                    f"median of {build_repeats} fresh builds; first build + run of every strategy in this process "
+                    f"(JIT load/compile, tiny graphs): {fmt_s(warm_s)}, in no figure",
+            "warm_up_s": warm_s, "networks": networks, "pareto": front, "targets": targets(networks)}
 
-    print("   peak: the planned arena only; params, inputs and gradient outputs are outside it and the same")
-    print("   for every strategy.  FLOPs x none is a model (matmuls 2mnk, other ops a few FLOPs per element):")
-    print("   fwd+bwd x none departs from it as far as ops run at different FLOP rates or memory traffic changes.")
-    print("   A strategy that recomputes nothing at none's peak (every layer on the chain) runs none's program:")
-    print("   its fwd+bwd x none is the timing noise of this run.")
-    print_environment()
-    return 0
 
+def md_network(n):
+    rows, errors = [], []
+    for name, r in n["strategies"].items():
+        label = name if r.get("budget") is None else f"{name} ({r['budget'] / MiB:.2f} MiB)"
+        if "error" in r:
+            rows.append([label, "GraphError"] + ["-"] * 9)
+            errors.append(f"* {label}: GraphError: {r['error']}")
+            continue
+        rows.append([label, f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_ratio']:.3f}", fmt_s(r["run_s"]),
+                     f"{r['run_ratio']:.3f}", f"{r['flops_ratio']:.3f}", f"{r['n_recomputed']:,}",
+                     f"{r['recompute_flops'] / 1e9:.3f}", f"{100 * r['recompute_frac']:.0f}%", fmt_s(r["build_s"]),
+                     r["same"]])
+    calls = " / ".join(str(c["calls_per_sample"]) for c in n["timing"]["contenders"].values())
+    return [f"### {n['title']}", ""] + md_table(
+        ["strategy", "peak MiB", "x none", "fwd+bwd", "x none", "FLOPs x none", "recomputed", "recompute GFLOP",
+         "% fwd", "build_backward", "bit-identical"], rows) + [
+        "", f"Forward pass: {n['fwd_flops'] / 1e9:.3f} GFLOP; fwd+bwd calls per timed sample: {calls}."] + errors
+
+
+def md_pareto(p):
+    front = p["front"]
+    none_peak = next(r["peak_bytes"] for r in front if r["strategy"] == "none")
+    rows = [[r["strategy"], "-" if r["budget"] is None else f"{r['budget'] / MiB:.2f}",
+             f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_bytes'] / none_peak:.3f}",
+             f"{r['recompute_flops'] / 1e9:.3f}", f"{r['n_recomputed']:,}"] for r in front]
+    lines = [f"### {p['network']}: Pareto frontier, jg.pareto(fwd) ({fmt_s(p['seconds'])})", ""] + md_table(
+        ["strategy", "budget MiB", "peak MiB", "x none", "recompute GFLOP", "recomputed"], rows) + [""]
+    for o in p["off_frontier"]:
+        f = o["by"]
+        lines.append(f"* {o['strategy']} is off the frontier: {f['strategy']} gives {f['peak_bytes'] / MiB:.2f} MiB, "
+                     f"{f['recompute_flops'] / 1e9:.3f} GFLOP")
+    return lines
+
+
+def markdown(res):
+    L = []
+    for n in res["networks"]:
+        L += md_network(n) + [""]
+    L += md_pareto(res["pareto"]) + ["", "### Targets", ""]
+    L += md_table(["target", "wanted", "measured", ""],
+                  [[t["what"], t["wanted"], t["measured"], {None: "", True: "met", False: "MISSED"}[t["met"]]]
+                   for t in res["targets"]])
+    L += [f"* differs: {d}" for t in res["targets"] for d in t.get("differ", ())]
+    n_err = sum("error" in r for n in res["networks"] for r in n["strategies"].values())
+    if n_err:
+        L.append(f"* {n_err} budget run(s) raised GraphError and are not in the count")
+    return L + [
+        "",
+        "Peak: the planned arena only; params, inputs and gradient outputs are outside it and the same for every "
+        "strategy.  FLOPs x none is a model (matmuls 2mnk, other ops one FLOP per element): fwd+bwd x none departs "
+        "from it as far as ops run at different FLOP rates or memory traffic changes.  A strategy that recomputes "
+        "nothing at none's peak (every layer on the chain) runs none's program: its fwd+bwd x none is the timing "
+        "noise of this run."]
+
+
+def plot(res, plots, key):
+    """Memory against recompute: the frontier and the strategies measured on its network."""
+    p = res["pareto"]
+    measured = next(n for n in res["networks"] if n["key"] == p["network"])["strategies"]
+    fig, ax = plots.figure((7, 4.5))
+    xs = [r["peak_bytes"] / MiB for r in p["front"]]
+    ys = [r["recompute_flops"] / 1e9 for r in p["front"]]
+    # frontier rows come lowest peak first: a step shows what each extra MiB buys
+    ax.step(xs, ys, where="post", color="tab:blue", alpha=0.5)
+    ax.plot(xs, ys, "o", color="tab:blue", label="jg.pareto(fwd)")
+    # the strategies as built and run: hollow markers of shrinking size, so coinciding
+    # ones (none, every layer, save_matmuls on a chain) stay visible
+    for i, (name, r) in enumerate(measured.items()):
+        if "error" not in r:
+            ax.plot(r["peak_bytes"] / MiB, r["recompute_flops"] / 1e9, "sD^vP"[i], markersize=14 - 2 * i,
+                    fillstyle="none", label=name)
+    ax.set_xlabel("planned peak (MiB)")
+    ax.set_ylabel("recompute (GFLOP)")
+    ax.set_title(f"{p['network']}: memory vs recompute")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    plots.save(fig, f"{key}_pareto.png")
+
+
+WORKLOAD = harness.Workload("checkpoint", "perf/bench_checkpoint.py: checkpointing strategies on chains and blocks",
+                            run, markdown, plot)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(None, [WORKLOAD], prog="python perf/bench_checkpoint.py",
+                          description=__doc__.split("\n\n")[0]))

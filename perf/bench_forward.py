@@ -1,12 +1,14 @@
-"""Forward-run benchmark: jitgraph against numpy eager.
+"""Forward-run benchmark: jitgraph against numpy eager (workload ``forward``).
 
-Run from the repository root:
+Run from the repository root (or ``jitgraph bench --only forward``):
 
-    PYTHONPATH=. python perf/bench_forward.py            # full run (a few seconds)
-    PYTHONPATH=. python perf/bench_forward.py --quick    # tiny sizes, a smoke test
+    python perf/bench_forward.py            # full run (under a minute)
+    python perf/bench_forward.py --quick    # tiny sizes, a smoke test
 
-What it measures (every timing is time.perf_counter, median over repeats,
-taken after a warm-up run, so JIT compilation is never inside a timed figure):
+It takes the harness's options (``--help``) and writes its results like
+``jitgraph bench`` (perf/results/<timestamp>/).  What it measures (the harness's
+interleaved timing: median over repeats after a warm-up run, so JIT compilation is
+never inside a timed figure):
 
 1. Interpreter overhead: a chain of N tiny ops (an affine op, an add and a
    mul, in turn) on 16-element float32 tensors.  The tensors are so small that
@@ -16,30 +18,30 @@ taken after a warm-up run, so JIT compilation is never inside a timed figure):
 2. An MLP forward, x (64, D) -> 8 x relu(h @ W + b) -> mean(h * h), where
    matmuls dominate.  Both contenders use the same float32 values and their
    results are checked to agree.
-3. The environment (versions, BLAS).
 
-Within each repeat the two contenders run back to back, alternating, so slow
-drifts of the machine (frequency scaling, neighbours) hit both alike.
 No assertion is made on timings.
 """
-import argparse
 import os
 import statistics
 import sys
 import time
 
-import numpy as np
+if not __package__:  # a script: load this folder as jitgraph._perf (the checkout's jitgraph first)
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from jitgraph.cli import perf_package
+    __package__ = perf_package().__name__
 
-import jitgraph as jg
+import numpy as np  # noqa: E402
 
-# perf/ first on the path, so `common` is found however this script is launched
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import fmt_time, print_environment, print_table, time_alternating  # noqa: E402
+import jitgraph as jg  # noqa: E402
+
+from . import harness  # noqa: E402
+from .report import fmt_s, md_table  # noqa: E402
 
 CHAIN_WIDTH = 16        # elements per tensor in the chain
 MLP_BATCH = 64
 MLP_LAYERS = 8
-BUILD_REPEATS = 3     # graph builds are slow; their timings are a median of 3
+BUILD_REPEATS = 3       # graph builds are slow; their timings are a median of 3
 
 
 # ---- 1. chain of tiny ops -------------------------------------------------------------
@@ -75,7 +77,7 @@ def numpy_chain(xb, yb, n):
     return h
 
 
-def bench_chain(n, repeats, min_sample_s):
+def bench_chain(ctx, n):
     rng = np.random.default_rng(0)
     xb = rng.uniform(-1, 1, CHAIN_WIDTH).astype(np.float32)
     # y in [0.25, 0.75]: each (affine, add, mul) round contracts, so the values
@@ -89,6 +91,7 @@ def bench_chain(n, repeats, min_sample_s):
     small.run({sx: xb, sy: yb})
     first_call = time.perf_counter() - t0
 
+    ctx.note("chain builds")
     builds = [build_chain(n) for _ in range(BUILD_REPEATS)]
     fwd, x, y = builds[-1][:3]
     t_nodes = statistics.median(b[3] for b in builds)
@@ -99,36 +102,42 @@ def bench_chain(n, repeats, min_sample_s):
     got = fwd.run(feeds)                       # first run: allocates the arena
     t_first_run = time.perf_counter() - t0
     want = numpy_chain(xb, yb, n)
-    agree = np.allclose(got, want, rtol=1e-4, atol=1e-6)
-    max_rel = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)))
+    return {"n_ops": n, "n_nodes": fwd.stats()["n_nodes"], "first_call_s": first_call,
+            "build_nodes_s": t_nodes, "build_forward_s": t_build_fwd, "first_run_s": t_first_run,
+            "agree": bool(np.allclose(got, want, rtol=1e-4, atol=1e-6)),
+            "max_rel_diff": float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30))),
+            "timing": harness.timed(ctx, {"jitgraph": lambda: fwd.run(feeds),
+                                          "numpy": lambda: numpy_chain(xb, yb, n)})}
 
-    (t_jg, t_np), inner = time_alternating(
-        [lambda: fwd.run(feeds), lambda: numpy_chain(xb, yb, n)], repeats, min_sample_s)
 
-    rows = [
-        ["forward run, per op", fmt_time(t_jg / n), fmt_time(t_np / n), f"{t_jg / t_np:.3f}"],
-        ["forward run, whole chain", fmt_time(t_jg), fmt_time(t_np), f"{t_jg / t_np:.3f}"],
-        ["graph building (Python), per op", fmt_time(t_nodes / n), "-", "-"],
-        ["build_forward, whole chain", fmt_time(t_build_fwd), "-", "-"],
-        ["build_forward, per op", fmt_time(t_build_fwd / n), "-", "-"],
-        ["first run of the built program", fmt_time(t_first_run), "-", "-"],
-    ]
-    print_table(f"1. Chain of {n:,} tiny ops (affine, add, mul in turn) on {CHAIN_WIDTH}-element float32 "
-                f"tensors; median of {repeats} repeats, {inner} call(s) per repeat",
-                ["figure", "jitgraph", "numpy eager", "jitgraph/numpy"], rows)
-    n_nodes = fwd.stats()["n_nodes"]
-    print(f"   program order: {n_nodes:,} nodes ({n:,} ops + {n_nodes - n} inputs); "
-          f"'per op' divides by the {n:,} ops.")
-    print("   forward run = fwd.run(feeds): binding the feeds, running every node, copying the output out.")
-    print("   numpy eager = a Python loop of the same ops, each allocating a new 16-element array.")
-    print(f"   graph building and build_forward: median of {BUILD_REPEATS} builds of the whole chain.")
-    print(f"   first jitgraph call in this process (JIT load/compile, on a 30-op chain): {fmt_time(first_call)}")
-    print(f"   results agree (allclose rtol 1e-4): {agree}  (max relative difference {max_rel:.2e})")
+def md_chain(c, repeats):
+    n = c["n_ops"]
+    t = c["timing"]["contenders"]
+    t_jg, t_np = t["jitgraph"]["median_s"], t["numpy"]["median_s"]
+    ratio = f"{c['timing']['ratios']['jitgraph/numpy']['median']:.3f}"
+    rows = [["forward run, per op", fmt_s(t_jg / n), fmt_s(t_np / n), ratio],
+            ["forward run, whole chain", fmt_s(t_jg), fmt_s(t_np), ratio],
+            ["graph building (Python), per op", fmt_s(c["build_nodes_s"] / n), "-", "-"],
+            ["build_forward, whole chain", fmt_s(c["build_forward_s"]), "-", "-"],
+            ["build_forward, per op", fmt_s(c["build_forward_s"] / n), "-", "-"],
+            ["first run of the built program", fmt_s(c["first_run_s"]), "-", "-"]]
+    calls = f"{t['jitgraph']['calls_per_sample']} / {t['numpy']['calls_per_sample']}"
+    return [f"### 1. Chain of {n:,} tiny ops (affine, add, mul in turn) on {CHAIN_WIDTH}-element float32 "
+            f"tensors; median of {repeats} repeats, {calls} calls per sample (jitgraph / numpy)", ""] + md_table(
+        ["figure", "jitgraph", "numpy eager", "jitgraph / numpy (median of per-repeat ratios)"], rows) + [
+        "",
+        f"* program order: {c['n_nodes']:,} nodes ({n:,} ops + {c['n_nodes'] - n} inputs); 'per op' divides "
+        f"by the {n:,} ops.",
+        "* forward run = fwd.run(feeds): binding the feeds, running every node, copying the output out.",
+        "* numpy eager = a Python loop of the same ops, each allocating a new 16-element array.",
+        f"* graph building and build_forward: median of {BUILD_REPEATS} builds of the whole chain.",
+        f"* first jitgraph call in this process (JIT load/compile, on a 30-op chain): {fmt_s(c['first_call_s'])}",
+        f"* results agree (allclose rtol 1e-4): {c['agree']} (max relative difference {c['max_rel_diff']:.2e})"]
 
 
 # ---- 2. MLP -------------------------------------------------------------------------------
 
-def bench_mlp(d, repeats, min_sample_s):
+def bench_mlp(ctx, d):
     rng = np.random.default_rng(1)
     g = jg.Graph(np.float32)
     x = g.input((MLP_BATCH, d), name="x")
@@ -157,47 +166,45 @@ def bench_mlp(d, repeats, min_sample_s):
 
     got = float(fwd.run(feeds))
     want = float(numpy_mlp())
-    agree = bool(np.allclose(got, want, rtol=1e-4))
-
-    (t_jg, t_np), inner = time_alternating([lambda: fwd.run(feeds), numpy_mlp], repeats, min_sample_s)
-    flops = 2 * MLP_BATCH * d * d * MLP_LAYERS
-    row = [f"D={d}", fmt_time(t_jg), fmt_time(t_np), f"{t_jg / t_np:.3f}",
-           f"{flops / t_jg / 1e9:.1f} / {flops / t_np / 1e9:.1f}", fmt_time(t_build_fwd),
-           f"{got:.6g} vs {want:.6g} {'ok' if agree else 'MISMATCH'}", str(inner)]
-    return row
+    return {"d": d, "build_forward_s": t_build_fwd, "loss": [got, want],
+            "agree": bool(np.allclose(got, want, rtol=1e-4)), "gflop": 2 * MLP_BATCH * d * d * MLP_LAYERS / 1e9,
+            "timing": harness.timed(ctx, {"jitgraph": lambda: fwd.run(feeds), "numpy": numpy_mlp})}
 
 
-# ---- main -------------------------------------------------------------------------------
+def md_mlp(rows_in):
+    rows = []
+    for r in rows_in:
+        t = r["timing"]["contenders"]
+        t_jg, t_np = t["jitgraph"]["median_s"], t["numpy"]["median_s"]
+        got, want = r["loss"]
+        rows.append([f"D={r['d']}", fmt_s(t_jg), fmt_s(t_np), f"{r['timing']['ratios']['jitgraph/numpy']['median']:.3f}",
+                     f"{r['gflop'] / t_jg:.1f} / {r['gflop'] / t_np:.1f}", fmt_s(r["build_forward_s"]),
+                     f"{got:.6g} vs {want:.6g} {'ok' if r['agree'] else 'MISMATCH'}",
+                     f"{t['jitgraph']['calls_per_sample']} / {t['numpy']['calls_per_sample']}"])
+    return [f"### 2. MLP forward, float32: x ({MLP_BATCH}, D) -> {MLP_LAYERS} x relu(h @ W + b) -> mean(h * h); "
+            "time per forward call", ""] + md_table(
+        ["size", "jitgraph", "numpy eager", "jitgraph / numpy", "GFLOP/s jg / np", "build_forward",
+         "loss jg vs np (allclose 1e-4)", "calls/sample jg / np"], rows) + [
+        "", "GFLOP/s counts the matmuls only (2*B*D*D per layer).  jitgraph's matmul goes through numba's "
+            "np.dot (scipy's BLAS), numpy's @ through numpy's BLAS (see Environment)."]
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
-    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per figure (default 9; 7 with --quick)")
-    args = ap.parse_args(argv)
 
-    if args.quick:
-        n_chain, dims, repeats, min_sample_s = 3_000, (64,), 7, 0.005
-    else:
-        n_chain, dims, repeats, min_sample_s = 100_000, (64, 256), 9, 0.05
-    if args.repeats is not None:
-        repeats = max(1, args.repeats)
+# ---- the workload ---------------------------------------------------------------------------
 
-    print("jitgraph forward benchmark" + (" (--quick: tiny sizes, figures are not meaningful)" if args.quick else ""))
-    print(f"all times: median over {repeats} repeats after a warm-up run; ratio < 1 means jitgraph is faster")
+def run(ctx):
+    n_chain, dims = (3_000, (64,)) if ctx.quick else (100_000, (64, 256))
+    return {"title": "forward: jitgraph forward runs against numpy eager (perf/bench_forward.py)",
+            "what": f"a {n_chain:,}-op chain of tiny ops (interpreter overhead) and an {MLP_LAYERS}-layer MLP "
+                    "forward (BLAS bound); ratio < 1 means jitgraph is faster",
+            "repeats": ctx.repeats, "chain": bench_chain(ctx, n_chain), "mlp": [bench_mlp(ctx, d) for d in dims]}
 
-    bench_chain(n_chain, repeats, min_sample_s)
 
-    rows = [bench_mlp(d, repeats, min_sample_s) for d in dims]
-    print_table(f"2. MLP forward, float32: x ({MLP_BATCH}, D) -> {MLP_LAYERS} x relu(h @ W + b) -> mean(h * h); "
-                "time per forward call",
-                ["size", "jitgraph", "numpy eager", "jitgraph/numpy", "GFLOP/s jg / np", "build_forward",
-                 "loss jg vs np (allclose 1e-4)", "calls/repeat"], rows)
-    print("   GFLOP/s counts the matmuls only (2*B*D*D per layer).  jitgraph's matmul goes through numba's")
-    print("   np.dot (scipy's BLAS), numpy's @ through numpy's BLAS; their thread counts may differ (see 3).")
+def markdown(res):
+    return md_chain(res["chain"], res["repeats"]) + [""] + md_mlp(res["mlp"])
 
-    print_environment("3. Environment")
-    return 0
 
+WORKLOAD = harness.Workload("forward", "perf/bench_forward.py: forward runs against numpy", run, markdown)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(None, [WORKLOAD], prog="python perf/bench_forward.py",
+                          description=__doc__.split("\n\n")[0]))

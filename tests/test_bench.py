@@ -1,15 +1,22 @@
-"""`jitgraph bench --quick` on a tiny subset of workloads writes its results files.
+"""`jitgraph bench --quick` on a tiny subset of workloads writes its results files, and
+each perf/bench_*.py script runs its workload through the same harness.
 
-Runs in a subprocess: the benchmark sets torch's and BLAS's thread counts, which
+Runs in subprocesses: the benchmark sets torch's and BLAS's thread counts, which
 must not leak into the test process.  Timings are never asserted.
 """
+import importlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
+from jitgraph.cli import perf_package
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("forward", "backward", "memory", "checkpoint")
 
 
 def run_bench(out, block_torch):
@@ -19,9 +26,17 @@ def run_bench(out, block_torch):
             + ("sys.modules['torch'] = None\n" if block_torch else "")
             + "from jitgraph.cli import main\n"
             f"sys.exit(main(['bench', '--quick', '--only', 'a,d', '--out', {str(out)!r}, '--no-progress']))\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], env=checkout_env(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_results(out)
+
+
+def checkout_env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+
+
+def read_results(out):
     with open(out / "results.json") as f:
         report = json.load(f)
     with open(out / "results.md") as f:
@@ -73,3 +88,27 @@ def test_bench_quick_uses_torch_exactly_when_installed(tmp_path):
         assert "torch" in report["env"]["blas"]
     else:
         assert report["env"]["versions"]["torch"] is None
+
+
+def test_suite_registers_every_script():
+    """`jitgraph bench --only <name>` reaches each perf/bench_*.py workload; a-f stay the default."""
+    perf_package()
+    run = importlib.import_module("jitgraph._perf.run")
+    assert [w.key for w in run.WORKLOADS] == list("abcdef") + list(SCRIPTS)
+    assert run.DEFAULT == list("abcdef")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_perf_script_quick(tmp_path, name):
+    """python perf/bench_<name>.py --quick, from the repository root: its one workload,
+    timed and reported by the harness (one thread: a smoke test, not a measurement)."""
+    cmd = [sys.executable, os.path.join("perf", f"bench_{name}.py"), "--quick", "--no-torch", "--no-progress",
+           "--threads", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report, md = read_results(tmp_path)
+    assert list(report["results"]) == [name] and report["targets"] == []
+    assert report["command"].startswith(f"python perf/bench_{name}.py --quick")
+    res = report["results"][name]
+    assert f"## {res['title']}" in md and "## Environment" in md
+    assert report["env"]["threads"] == 1
