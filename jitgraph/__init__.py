@@ -8,17 +8,19 @@ from .errors import GraphError
 from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor
 from .io import load, save
-from .ops import (binary as _binary, gather as _gather, linear as _linear, reduce as _reduce, rowwise as _rowwise,
-                  shape as _shape, stochastic as _stochastic, unary as _unary)
+from .ops import (binary as _binary, gather as _gather, linear as _linear, norm as _norm, reduce as _reduce,
+                  shape as _shape, softmaxes as _softmaxes, stochastic as _stochastic, unary as _unary)
 from .ops.binary import *      # noqa: F401,F403  -- the op functions (jg.relu ...): each family's __all__
 from .ops.gather import *      # noqa: F401,F403
 from .ops.linear import *      # noqa: F401,F403
+from .ops.norm import *        # noqa: F401,F403
 from .ops.reduce import *      # noqa: F401,F403
-from .ops.rowwise import *     # noqa: F401,F403
 from .ops.shape import *       # noqa: F401,F403
+from .ops.softmaxes import *   # noqa: F401,F403
 from .ops.stochastic import *  # noqa: F401,F403
 from .ops.unary import *       # noqa: F401,F403
 from .program import BackwardGraph, ForwardGraph, build_forward
+from .threads import set_num_threads
 from .train import batches, train
 from .viz import plot_memory, plot_pareto
 
@@ -27,13 +29,14 @@ __version__ = "0.2.0.dev0"
 __all__ = [
     "Graph", "Tensor", "GraphError", "build_forward", "build_backward", "grad", "ForwardGraph", "BackwardGraph",
     "checkpoint", "pareto", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim",
-    "train", "batches", "plot_memory", "plot_pareto",
+    "train", "batches", "plot_memory", "plot_pareto", "set_num_threads",
 ]
 __all__ += _binary.__all__
 __all__ += _gather.__all__
 __all__ += _linear.__all__
+__all__ += _norm.__all__
 __all__ += _reduce.__all__
-__all__ += _rowwise.__all__
 __all__ += _shape.__all__
+__all__ += _softmaxes.__all__
 __all__ += _stochastic.__all__
 __all__ += _unary.__all__

@@ -8,10 +8,12 @@ one for rules; the interpreter and the backward pass index them by opcode.
 """
 import ctypes
 import threading
+import warnings
 
 import numpy as np
 import scipy.linalg.cython_blas
 from numba import cfunc, from_dtype, types
+from numba.core.errors import NumbaIRAssumptionWarning
 
 from . import registry
 
@@ -28,12 +30,17 @@ _rule_table: list = []           # [table] once made
 
 def runner_signature(dtype):
     t = from_dtype(np.dtype(dtype))
-    return types.int64(types.int64, types.CPointer(types.int64), types.CPointer(t), types.CPointer(t))
+    i64 = types.int64
+    return i64(i64, i64, i64, types.CPointer(i64), types.CPointer(t), types.CPointer(t))
 
 
 def _compile(kind, op, dtype, sig):
     fn = op.runner if kind == "run" else op.vjp
-    compiled = cfunc(sig, cache=True, error_model="numpy")(fn)
+    with warnings.catch_warnings():
+        # inlining vmath's functions trips a pedantic SSA check of Numba's (a warning that
+        # asks for a bug report); the code is right -- the tests compare every op with numpy
+        warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
+        compiled = cfunc(sig, cache=True, error_model="numpy")(fn)
     _keep[(kind, op.code, dtype)] = compiled
     return compiled.address
 
@@ -84,16 +91,39 @@ def _capsule_address(capsule):
     return pointer(capsule, name(capsule))
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _blas_threads_local(gemm_address):
+    """Address of OpenBLAS's ``openblas_set_num_threads_local`` in the library that holds
+    the gemm jitgraph calls (0 if it has none: another BLAS, or OpenBLAS before 0.3.27)."""
+    try:
+        libc = ctypes.CDLL(None)
+        info = _DlInfo()
+        if not libc.dladdr(ctypes.c_void_p(gemm_address), ctypes.byref(info)) or not info.dli_fname:
+            return 0
+        lib = ctypes.CDLL(info.dli_fname.decode())
+        return ctypes.cast(lib.openblas_set_num_threads_local, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
+
+
 _natives: dict = {}
 
 
 def natives(dtype):
-    """Addresses of the native functions runners call, for ``dtype``: [gemm].  The BLAS is
-    scipy's (the one Numba's np.dot uses), called directly so operands keep their strides."""
+    """Addresses of the native functions runners call, for ``dtype``: [gemm, the BLAS's
+    thread-local thread count setter or 0].  The BLAS is scipy's (the one Numba's np.dot
+    uses), called directly so operands keep their strides; jitgraph runs it on one
+    thread per call and splits big products over its own threads (one pool, not two
+    fighting over the same cores)."""
     dtype = np.dtype(dtype)
     got = _natives.get(dtype.name)
     if got is None:
         capi = scipy.linalg.cython_blas.__pyx_capi__
-        got = np.array([_capsule_address(capi["sgemm" if dtype == np.float32 else "dgemm"])], np.int64)
+        gemm = _capsule_address(capi["sgemm" if dtype == np.float32 else "dgemm"])
+        got = np.array([gemm, _blas_threads_local(gemm)], np.int64)
         _natives[dtype.name] = got
     return got

@@ -8,9 +8,12 @@ of them -- and the call is cheaper than Numba's first-class functions (measured:
 ~15 ns a node against ~47 ns through a tuple of functions, and ~33 ns for the old
 if-chain that reference-counted every operand slice).
 
-A runner: ``status = run(n, ctx, mem, store)``
+A runner: ``status = run(n, lo, hi, ctx, mem, store)``
 
 * ``n``     the node to compute;
+* ``lo, hi`` the units of work to do (elements, rows ... -- the op's ``split``):
+            [lo, hi), or all of them when ``hi`` is -1; a big node is cut into
+            fixed blocks that threads run concurrently (interpreter.py);
 * ``ctx``   int64 array: the node table's and the plan's array addresses, the
             run's dropout salt and a slot for a status detail (``RUN_*`` below);
 * ``mem``   the run buffer ``[arena | io]`` and ``store`` the graph's value
@@ -66,13 +69,13 @@ def pointer(typingctx, address, dtype):
 
 
 @intrinsic
-def call_runner(typingctx, address, n, ctx, mem, store):
-    """``run(n, ctx, mem, store)`` through the runner at ``address``."""
+def call_runner(typingctx, address, n, lo, hi, ctx, mem, store):
+    """``run(n, lo, hi, ctx, mem, store)`` through the runner at ``address``."""
     def codegen(context, builder, signature, args):
         addr, *rest = args
         fnty = ir.FunctionType(ir.IntType(64), [a.type for a in rest])
         return builder.call(builder.inttoptr(addr, fnty.as_pointer()), rest)
-    return types.int64(address, n, ctx, mem, store), codegen
+    return types.int64(address, n, lo, hi, ctx, mem, store), codegen
 
 
 @intrinsic
@@ -121,12 +124,25 @@ def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, bet
     return sig, codegen
 
 
+@intrinsic
+def call_int(typingctx, address, value):
+    """``int f(int value)`` through the C function at ``address``."""
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(i32, [i32])
+        r = builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [builder.trunc(args[1], i32)])
+        return builder.sext(r, ir.IntType(64))
+    return types.int64(address, value), codegen
+
+
 # ---- the runners' context ----------------------------------------------------------------------
 
 RUN_ROWS, RUN_SRC, RUN_SHAPE, RUN_IP, RUN_FP, RUN_LOC, RUN_OFF = 0, 1, 2, 3, 4, 5, 6
 RUN_MEM_SIZE, RUN_STORE_SIZE, RUN_SALT, RUN_DETAIL = 7, 8, 9, 10
 RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
-RUN_CTX = 12
+RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
+RUN_BLAS_THREADS = 13      # address of the BLAS's thread-local thread count setter, or 0
+RUN_CTX = 14
 
 
 class RunView(NamedTuple):
@@ -158,6 +174,8 @@ def run_context(G, loc, off, mem, store, salt, natives):
     ctx[RUN_SALT] = salt
     ctx[RUN_DETAIL] = 0
     ctx[RUN_GEMM] = natives[0]
+    ctx[RUN_EXTENT] = 1
+    ctx[RUN_BLAS_THREADS] = natives[1]
     return ctx
 
 
@@ -175,6 +193,18 @@ def run_view(ctx_p, mem_p, store_p):
                    carray(mem_p, ctx[RUN_MEM_SIZE]),
                    carray(store_p, ctx[RUN_STORE_SIZE]),
                    ctx[RUN_SALT], ctx)
+
+
+@njit(cache=True, inline="always")
+def same_data(a, b):
+    """Do two arrays start at the same address (an op running in place)?"""
+    return address_of(a) == address_of(b)
+
+
+@njit(cache=True, inline="always")
+def span(lo, hi, extent):
+    """The units a runner does: [lo, hi), or all ``extent`` of them when hi is -1."""
+    return (0, extent) if hi < 0 else (lo, hi)
 
 
 @njit(cache=True, inline="always")

@@ -19,6 +19,7 @@ from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
 from .status import ERR_INDEX, ERR_NOT_COMPILED
+from .threads import enter_run
 from .viz import describe, plot_memory, render_svg, rich_html, to_dot
 
 Feeds = Mapping[Any, Any]     # {input tensor or its name: array}
@@ -193,13 +194,15 @@ class Program:
         salt = _salt(seed)
         runners = compiler.runners(g.dtype, g.nodes.op[self.order])
         natives = compiler.natives(g.dtype)
+        split = table("split")
+        enter_run()
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, self.mem,
-                                                   g.store, salt, runners, natives, self.arena_elems,
+                                                   g.store, salt, runners, natives, split, self.arena_elems,
                                                    self._free_at, self._free_off, self._free_size)
         else:
             status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store,
-                                             salt, runners, natives)
+                                             salt, runners, natives, split)
         if status:
             raise self._run_error(int(status), int(node), int(detail))
 
@@ -215,7 +218,8 @@ class Program:
         G = nodes.arrays()
         salt = _salt(seed)
         runners = compiler.runners(g.dtype, nodes.op[self.order])
-        args = (self.loc, self.off, self.mem, g.store, salt, runners, compiler.natives(g.dtype))
+        args = (self.loc, self.off, self.mem, g.store, salt, runners, compiler.natives(g.dtype), table("split"))
+        enter_run()
         clock = time.perf_counter
         empty = self.order[:0]
         base = min(_timed(run_nodes, G, empty, args, clock) for _ in range(20))

@@ -33,6 +33,13 @@ COMPUTE = "compute"          # matmul, reductions, row kernels: expensive per by
 MEMORY = "memory"            # elementwise, copies: cheap to recompute
 FREE = "free"                # leaves and views
 
+# how a big node of the op is cut into blocks that threads run at once (threads.py)
+NONE = "none"                # one piece (BLAS does its own threading; reductions with one output)
+ELEMENTS = "elements"        # units are the output's elements
+ROWS = "rows"                # units are the output's rows (all axes but the last)
+CUSTOM = "custom"            # the runner reports its units when called with lo = -1
+SPLITS = (NONE, ELEMENTS, ROWS, CUSTOM)
+
 # flops: per output element (or per input element, if there are more), except
 DOT = -1                     # a contraction: 2 * output elements * its contracted length,
 DOT_K = 7                    # which the op records in ip[DOT_K] (cost.py)
@@ -64,6 +71,7 @@ class Op:
     vjp: Any                      # a rule function, ZERO_GRAD or NO_GRAD
     public: bool                  # exported as jitgraph.<name>
     label: str                    # how pictures and tables name it
+    split: str                    # how threads share a big node (SPLITS)
 
     @property
     def differentiable(self) -> bool:
@@ -77,7 +85,7 @@ BY_NAME: dict = {}      # name -> Op
 def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           runner: Optional[Callable[..., Any]] = None, vjp: Any = NO_GRAD, *, arity: int,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
-          label: Optional[str] = None, family: Optional[str] = None) -> int:
+          label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None) -> int:
     """Declare an op; returns its code.  See the module docstring."""
     if code in OPS:
         raise ValueError(f"opcode {code} of {name!r} is already taken by {OPS[code].name!r}")
@@ -87,11 +95,15 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         raise ValueError(f"op {name!r}: unknown kind {kind!r}")
     if (runner is None) != (kind in (LEAF, VIEW)):
         raise ValueError(f"op {name!r}: leaves and views have no runner, every other op has one")
+    if split is None:
+        split = ELEMENTS if kind == ELEMENTWISE else NONE
+    if split not in SPLITS:
+        raise ValueError(f"op {name!r}: unknown split {split!r}")
     if family is None:
         owner = builder or runner
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
-                   public and builder is not None, label or name)
+                   public and builder is not None, label or name, split)
     BY_NAME[name] = OPS[code]
     _tables.clear()
     return code
@@ -107,13 +119,14 @@ _tables: dict = {}
 
 def table(field: str) -> np.ndarray:
     """A per-opcode int64 array for jitted code: 'kind' (index into KINDS), 'compute'
-    (1 for the compute-bound cost class), 'flops', 'arity' (-9 where no op has the code)."""
+    (1 for the compute-bound cost class), 'flops', 'arity' (-9 where no op has the code),
+    'split' (index into SPLITS)."""
     got = _tables.get(field)
     if got is None:
         got = np.full(n_codes(), -9 if field == "arity" else 0, np.int64)
         for op in OPS.values():
             got[op.code] = {"kind": KINDS.index(op.kind), "compute": int(op.cost == COMPUTE),
-                            "flops": op.flops, "arity": op.arity}[field]
+                            "flops": op.flops, "arity": op.arity, "split": SPLITS.index(op.split)}[field]
         got.setflags(write=False)
         _tables[field] = got
     return got

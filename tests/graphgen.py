@@ -23,8 +23,8 @@ DIMS = (1, 2, 3, 4)
 BY_FAMILY = {}
 for _name, _case in REF.items():
     BY_FAMILY.setdefault(_case.fuzz, []).append(_name)
-FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "shape",
-                                  "shape", "matmul", "gather", "loss") if f in BY_FAMILY)
+FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "rowpair",
+                                  "shape", "shape", "matmul", "gather", "loss") if f in BY_FAMILY)
 EMBED_ROWS = 5
 
 
@@ -68,6 +68,10 @@ def _draw_instruction(draw, family, op, vals):
     a = vals[i]
     if family in ("unary", "rowwise"):
         return op, (("v", i, case.domain),), dict(case.kw)
+    if family == "rowpair":                               # a gradient and a same-shaped value
+        same = [j for j, s in enumerate(vals) if s == a and j != i]
+        j = draw(st.sampled_from(same)) if same else i
+        return op, (("v", i, "any"), ("v", j, "any")), dict(case.kw)
     if family == "binary":
         j = _value(draw, vals)
         if not _broadcasts(a, vals[j]):

@@ -70,6 +70,15 @@ def norm(x, eps, center):
     return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
 
 
+def norm_vjp(g, x, eps, center):
+    """The vector-Jacobian product of layer_norm (center) / rms_norm at x, by the formula."""
+    mu = x.mean(-1, keepdims=True) if center else 0.0
+    r = 1 / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+    y = (x - mu) * r
+    mg = g.mean(-1, keepdims=True) if center else 0.0
+    return r * (g - mg - y * (g * y).mean(-1, keepdims=True))
+
+
 def first_max_mask(x, axis):
     """1 at the first (row-major) maximal element of each group reduced over ``axis``."""
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -154,6 +163,14 @@ REF = {
                           "loss"),
     "layer_norm": Case(lambda x, eps: norm(x, eps, True), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
     "rms_norm": Case(lambda x, eps: norm(x, eps, False), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
+    "softmax_d": Case(lambda g, y, axis: y * (g - (g * y).sum(axis, keepdims=True)),
+                      lambda r: [u(3, 5)(r), softmax(u(3, 5)(r))], "rowpair", dict(axis=-1)),
+    "log_softmax_d": Case(lambda g, y, axis: g - np.exp(y) * g.sum(axis, keepdims=True),
+                          lambda r: [u(4, 3)(r), np.log(softmax(u(4, 3)(r), 0))], "rowpair", dict(axis=0)),
+    "layer_norm_d": Case(lambda g, x, eps: norm_vjp(g, x, eps, True), lambda r: [u(3, 6)(r), u(3, 6)(r)],
+                         "rowpair", dict(eps=1e-5)),
+    "rms_norm_d": Case(lambda g, x, eps: norm_vjp(g, x, eps, False), lambda r: [u(3, 6)(r), u(3, 6)(r)],
+                       "rowpair", dict(eps=1e-5)),
     "norm_rstd": Case(lambda x, eps, center: 1 / np.sqrt(((x - (x.mean(-1, keepdims=True) if center else 0)) ** 2)
                                                        .mean(-1, keepdims=True) + eps),
                       one(u(3, 6)), "rowwise", dict(eps=1e-5, center=True)),
@@ -165,7 +182,7 @@ REF = {
     "dropout": Case(dropout_ref, one(u(6, 7)), "unary", dict(p=0.3, seed=5), node=True),
 }
 
-FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "shape", "matmul", "gather", "loss")
+FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "rowpair", "shape", "matmul", "gather", "loss")
 
 
 def build(op, builder: Callable, tensors: list, kw: dict) -> Any:

@@ -58,8 +58,9 @@ def test_every_op_has_a_reference_a_fuzz_family_and_a_gradient_entry():
 def test_each_op_knows_its_family_kind_and_cost():
     for op in OPS.values():
         assert op.kind in registry.KINDS and op.cost in (registry.COMPUTE, registry.MEMORY, registry.FREE)
-        assert op.family in ("leaf", "binary", "unary", "reduce", "shape", "linear", "rowwise", "gather",
-                             "stochastic") or op.family, op
+        assert op.family in ("leaf", "binary", "unary", "reduce", "shape", "linear", "softmaxes", "norm",
+                             "gather", "stochastic"), op
+        assert op.split in registry.SPLITS
         assert (op.runner is None) == (op.kind in (registry.LEAF, registry.VIEW))
 
 

@@ -1,23 +1,24 @@
 """Every op, by family.  Importing this package declares them all in the op table
 (registry.py); the builders each family lists in ``__all__`` are jitgraph's public
 op functions."""
-from . import binary, gather, linear, reduce, rowwise, shape, stochastic, unary
+from . import binary, gather, linear, norm, reduce, shape, softmaxes, stochastic, unary
 from .binary import *      # noqa: F401,F403
 from .gather import *      # noqa: F401,F403
 from .linear import *      # noqa: F401,F403
+from .norm import *        # noqa: F401,F403
 from .reduce import *      # noqa: F401,F403
-from .rowwise import *     # noqa: F401,F403
 from .shape import *       # noqa: F401,F403
+from .softmaxes import *   # noqa: F401,F403
 from .stochastic import *  # noqa: F401,F403
 from .unary import *       # noqa: F401,F403
 
 __all__ = []
 __all__ += binary.__all__
-
 __all__ += gather.__all__
 __all__ += linear.__all__
+__all__ += norm.__all__
 __all__ += reduce.__all__
-__all__ += rowwise.__all__
 __all__ += shape.__all__
+__all__ += softmaxes.__all__
 __all__ += stochastic.__all__
 __all__ += unary.__all__

@@ -9,12 +9,14 @@ Numba compiles the loop for the literal code, so each op has its own loop.
 import numpy as np
 from numba import njit
 
+from .._sigs import G as G_T, ST, f64, i64
 from ..emit import grad_node, grad_node_fp
 from ..errors import GraphError
 from ..graph import Operand, Tensor
-from ..native import operand, output, rule_view, run_view
+from ..native import operand, output, rule_view, run_view, same_data, span
 from ..registry import ELEMENTWISE, defop
 from ..status import NO_CONTRIBUTION, OK
+from ..vmath import in_dtype_of
 from .common import as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 
 __all__ = ["add", "sub", "mul", "div", "scale", "where"]
@@ -49,35 +51,58 @@ def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
     return g._node(code, (ta.id, tb.id), broadcast_shapes(what, ta, tb))
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _op(code, x, y):
+    if code == ADD:
+        return x + y
+    if code == SUB:
+        return x - y
+    if code == MUL:
+        return x * y
+    return x / y
+
+
 @njit(cache=True, error_model="numpy")
-def _strided(code, out, o, a, ia, sa, b, ib, sb, n):
-    """out[o+j] = a[ia+j*sa] (op) b[ib+j*sb] for j < n; strides are 0 or 1."""
+def _run(code, out, o, a, ia, sa, b, ib, sb, m):
+    """out[o+j] = a[ia+j*sa] (op) b[ib+j*sb] for j < m; strides are 0 (broadcast) or 1.
+    Each case is its own loop over slices indexed from 0 (an index LLVM cannot prove
+    non-negative keeps Numba's wraparound test and stops vectorization), and running in
+    place reads and writes one array (LLVM's overlap check would pick its scalar loop)."""
+    y = out[o:o + m]
     if sa == 1 and sb == 1:
-        if code == ADD:
-            for j in range(n):
-                out[o + j] = a[ia + j] + b[ib + j]
-        elif code == SUB:
-            for j in range(n):
-                out[o + j] = a[ia + j] - b[ib + j]
-        elif code == MUL:
-            for j in range(n):
-                out[o + j] = a[ia + j] * b[ib + j]
-        elif code == DIV:
-            for j in range(n):
-                out[o + j] = a[ia + j] / b[ib + j]
+        xa = a[ia:ia + m]
+        xb = b[ib:ib + m]
+        if same_data(y, xa):
+            for j in range(m):
+                y[j] = _op(code, y[j], xb[j])
+        elif same_data(y, xb):
+            for j in range(m):
+                y[j] = _op(code, xa[j], y[j])
+        else:
+            for j in range(m):
+                y[j] = _op(code, xa[j], xb[j])
+    elif sa == 1:
+        xa = a[ia:ia + m]
+        c = b[ib]
+        if same_data(y, xa):
+            for j in range(m):
+                y[j] = _op(code, y[j], c)
+        else:
+            for j in range(m):
+                y[j] = _op(code, xa[j], c)
+    elif sb == 1:
+        xb = b[ib:ib + m]
+        c = a[ia]
+        if same_data(y, xb):
+            for j in range(m):
+                y[j] = _op(code, c, y[j])
+        else:
+            for j in range(m):
+                y[j] = _op(code, c, xb[j])
     else:
-        if code == ADD:
-            for j in range(n):
-                out[o + j] = a[ia + j * sa] + b[ib + j * sb]
-        elif code == SUB:
-            for j in range(n):
-                out[o + j] = a[ia + j * sa] - b[ib + j * sb]
-        elif code == MUL:
-            for j in range(n):
-                out[o + j] = a[ia + j * sa] * b[ib + j * sb]
-        elif code == DIV:
-            for j in range(n):
-                out[o + j] = a[ia + j * sa] / b[ib + j * sb]
+        c = _op(code, a[ia], b[ib])
+        for j in range(m):
+            y[j] = c
 
 
 @njit(cache=True, error_model="numpy")
@@ -93,34 +118,41 @@ def bcast_strides(shape, n):
     return s0, s1, s2, s3
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def row_offset(shape, n, r, s0, s1, s2):
+    """Offset in an operand (broadcast strides s0..s2) of row r of node n's padded shape."""
+    i2 = r % shape[n, 2]
+    q = r // shape[n, 2]
+    return (q // shape[n, 1]) * s0 + (q % shape[n, 1]) * s1 + i2 * s2
+
+
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def binary(v, n, code):
-    """Run binary op ``code`` (a literal: one loop per op) for node n, broadcasting."""
+def binary(v, n, code, lo, hi):
+    """Run binary op ``code`` (a literal: one loop per op) for node n over elements
+    [lo, hi), broadcasting."""
     out = output(v, n)
     a = operand(v, n, 0)
     b = operand(v, n, 1)
     size = out.size
-    if a.size == size:
-        if b.size == size:
-            _strided(code, out, 0, a, 0, 1, b, 0, 1, size)
-            return OK
-        if b.size == 1:
-            _strided(code, out, 0, a, 0, 1, b, 0, 0, size)
-            return OK
-    elif a.size == 1 and b.size == size:
-        _strided(code, out, 0, a, 0, 0, b, 0, 1, size)
+    lo, hi = span(lo, hi, size)
+    if a.size == size and b.size == size:
+        _run(code, out, lo, a, lo, 1, b, lo, 1, hi - lo)
+        return OK
+    if a.size == size and b.size == 1:
+        _run(code, out, lo, a, lo, 1, b, 0, 0, hi - lo)
+        return OK
+    if a.size == 1 and b.size == size:
+        _run(code, out, lo, a, 0, 0, b, lo, 1, hi - lo)
         return OK
     shape = v.shape
     a0, a1, a2, a3 = bcast_strides(shape, v.src[n, 0])
     b0, b1, b2, b3 = bcast_strides(shape, v.src[n, 1])
     inner = shape[n, 3]
-    o = 0
-    for i0 in range(shape[n, 0]):
-        for i1 in range(shape[n, 1]):
-            for i2 in range(shape[n, 2]):
-                _strided(code, out, o, a, i0 * a0 + i1 * a1 + i2 * a2, a3,
-                         b, i0 * b0 + i1 * b1 + i2 * b2, b3, inner)
-                o += inner
+    for r in range(lo // inner, (hi + inner - 1) // inner):        # the rows [lo, hi) touches
+        j0 = max(lo - r * inner, 0)
+        j1 = min(hi - r * inner, inner)
+        _run(code, out, r * inner + j0, a, row_offset(shape, n, r, a0, a1, a2) + j0 * a3, a3,
+             b, row_offset(shape, n, r, b0, b1, b2) + j0 * b3, b3, j1 - j0)
     return OK
 
 
@@ -133,8 +165,8 @@ def add(a: Operand, b: Operand) -> Tensor:
     return _binary(ADD, "add", a, b)
 
 
-def _run_add(n, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, ADD)
+def _run_add(n, lo, hi, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, ADD, lo, hi)
 
 
 def _vjp_add(n, k, g, ctx):                    # d(x+y) = dx + dy
@@ -150,8 +182,8 @@ def sub(a: Operand, b: Operand) -> Tensor:
     return _binary(SUB, "sub", a, b)
 
 
-def _run_sub(n, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, SUB)
+def _run_sub(n, lo, hi, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, SUB, lo, hi)
 
 
 def _vjp_sub(n, k, g, ctx):                    # g, -g
@@ -170,8 +202,8 @@ def mul(a: Operand, b: Operand) -> Tensor:
     return _binary(MUL, "mul", a, b)
 
 
-def _run_mul(n, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, MUL)
+def _run_mul(n, lo, hi, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, MUL, lo, hi)
 
 
 def _vjp_mul(n, k, g, ctx):                    # g*y, g*x
@@ -188,8 +220,8 @@ def div(a: Operand, b: Operand) -> Tensor:
     return _binary(DIV, "div", a, b)
 
 
-def _run_div(n, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, DIV)
+def _run_div(n, lo, hi, ctx, mem, store):
+    return binary(run_view(ctx, mem, store), n, DIV, lo, hi)
 
 
 def _vjp_div(n, k, g, ctx):                    # g/y, -g*out/y
@@ -221,22 +253,37 @@ def scale(t: Tensor, s: float) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def _affine_loop(v, n):
+def _affine_loop(v, n, lo, hi):
     out = output(v, n)
-    x = operand(v, n, 0)
-    a = v.fp[n, 0]
-    b = v.fp[n, 1]
-    if b == 0.0:                  # a pure scale: keep -0.0 as numpy's x * a does
-        for i in range(out.size):
-            out[i] = x[i] * a
+    lo, hi = span(lo, hi, out.size)
+    y = out[lo:hi]                            # slices from 0: see _run
+    x = operand(v, n, 0)[lo:hi]
+    a = in_dtype_of(out, v.fp[n, 0])          # in the graph's dtype, as numpy's x * 2.0 is
+    b = in_dtype_of(out, v.fp[n, 1])
+    if same_data(y, x):                       # in place: one array (see _run)
+        if v.fp[n, 1] == 0.0:                 # a pure scale: keep -0.0 as numpy's x * a does
+            for i in range(y.size):
+                y[i] = y[i] * a
+        else:
+            for i in range(y.size):
+                y[i] = y[i] * a + b
+    elif v.fp[n, 1] == 0.0:
+        for i in range(y.size):
+            y[i] = x[i] * a
     else:
-        for i in range(out.size):
-            out[i] = x[i] * a + b
+        for i in range(y.size):
+            y[i] = x[i] * a + b
     return OK
 
 
-def _run_affine(n, ctx, mem, store):
-    return _affine_loop(run_view(ctx, mem, store), n)
+def _run_affine(n, lo, hi, ctx, mem, store):
+    return _affine_loop(run_view(ctx, mem, store), n, lo, hi)
+
+
+@njit(i64(G_T, ST, i64, f64, i64, i64), cache=True)
+def scaled(G, st, a, s, n, k):
+    """A gradient node s * a."""
+    return grad_node_fp(G, st, AFFINE, a, s, 0.0, n, k)
 
 
 def _vjp_affine(n, k, g, ctx):                 # a*g (x + c passes g through)
@@ -265,33 +312,34 @@ def where(cond: Operand, a: Operand, b: Operand) -> Tensor:
 
 @njit(cache=True, error_model="numpy")
 def _where_run(out, o, c, ic, sc, a, ia, sa, b, ib, sb, n):
+    y = out[o:o + n]
     for j in range(n):
-        out[o + j] = a[ia + j * sa] if c[ic + j * sc] != 0.0 else b[ib + j * sb]
+        y[j] = a[ia + j * sa] if c[ic + j * sc] != 0.0 else b[ib + j * sb]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _where(v, n):
+def _where(v, n, lo, hi):
     out = output(v, n)
     c = operand(v, n, 0)
     a = operand(v, n, 1)
     b = operand(v, n, 2)
+    lo, hi = span(lo, hi, out.size)
     shape = v.shape
     c0, c1, c2, c3 = bcast_strides(shape, v.src[n, 0])
     a0, a1, a2, a3 = bcast_strides(shape, v.src[n, 1])
     b0, b1, b2, b3 = bcast_strides(shape, v.src[n, 2])
     inner = shape[n, 3]
-    o = 0
-    for i0 in range(shape[n, 0]):
-        for i1 in range(shape[n, 1]):
-            for i2 in range(shape[n, 2]):
-                _where_run(out, o, c, i0 * c0 + i1 * c1 + i2 * c2, c3, a, i0 * a0 + i1 * a1 + i2 * a2, a3,
-                           b, i0 * b0 + i1 * b1 + i2 * b2, b3, inner)
-                o += inner
+    for r in range(lo // inner, (hi + inner - 1) // inner):
+        j0 = max(lo - r * inner, 0)
+        j1 = min(hi - r * inner, inner)
+        _where_run(out, r * inner + j0, c, row_offset(shape, n, r, c0, c1, c2) + j0 * c3, c3,
+                   a, row_offset(shape, n, r, a0, a1, a2) + j0 * a3, a3,
+                   b, row_offset(shape, n, r, b0, b1, b2) + j0 * b3, b3, j1 - j0)
     return OK
 
 
-def _run_where(n, ctx, mem, store):
-    return _where(run_view(ctx, mem, store), n)
+def _run_where(n, lo, hi, ctx, mem, store):
+    return _where(run_view(ctx, mem, store), n, lo, hi)
 
 
 def _vjp_where(n, k, g, ctx):                  # g where chosen, 0 elsewhere; the mask gets nothing

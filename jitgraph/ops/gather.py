@@ -15,8 +15,8 @@ from ..errors import GraphError
 from ..emit import grad_node
 from ..graph import Tensor
 from ..ir import F_INDEX, MAX_DIMS
-from ..native import RUN_DETAIL, operand, output, rule_view, run_view
-from ..registry import defop
+from ..native import RUN_DETAIL, operand, output, rule_view, run_view, span
+from ..registry import ROWS, defop
 from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
 from .common import as_tensor, need_tensor
 
@@ -65,23 +65,26 @@ def embedding(table: Tensor, indices: Union[Tensor, np.ndarray]) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy")
-def embedding_kernel(out, table, idx, v, d):
-    """Gather rows; returns the position of a bad index, or -1."""
-    for i in range(idx.size):
+def embedding_kernel(out, table, idx, v, d, lo, hi):
+    """Gather rows [lo, hi); returns the position of a bad index, or -1."""
+    for i in range(lo, hi):
         f = idx[i]
         k = int(f)
         if not (0 <= f < v) or k != f:
             return i
+        y = out[i * d:(i + 1) * d]
+        row = table[k * d:(k + 1) * d]
         for j in range(d):
-            out[i * d + j] = table[k * d + j]
+            y[j] = row[j]
     return -1
 
 
-def _run_embedding(n, ctx, mem, store):
+def _run_embedding(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     table = v.src[n, 0]
-    bad = embedding_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[table, 2],
-                           v.shape[table, 3])
+    idx = operand(v, n, 1)
+    lo, hi = span(lo, hi, idx.size)
+    bad = embedding_kernel(output(v, n), operand(v, n, 0), idx, v.shape[table, 2], v.shape[table, 3], lo, hi)
     if bad >= 0:
         v.ctx[RUN_DETAIL] = bad
         return ERR_INDEX
@@ -95,7 +98,7 @@ def _vjp_embedding(n, k, g, ctx):              # rows of g added into the table'
     return grad_node(G, st, SCATTER_ADD, g, G.src[n, 1], G.src[n, 0], n, k)
 
 
-defop(EMBEDDING, "embedding", embedding, _run_embedding, _vjp_embedding, arity=2)
+defop(EMBEDDING, "embedding", embedding, _run_embedding, _vjp_embedding, arity=2, split=ROWS)
 
 
 # ---- scatter_add: embedding's table gradient ------------------------------------------------------
@@ -124,7 +127,7 @@ def scatter_add_kernel(out, g, idx, v, d):
     return -1
 
 
-def _run_scatter_add(n, ctx, mem, store):
+def _run_scatter_add(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     bad = scatter_add_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[n, 2], v.shape[n, 3])
     if bad >= 0:

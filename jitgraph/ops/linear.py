@@ -20,8 +20,9 @@ from numba import njit
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import RUN_GEMM, data_pointer, gemm, operand, output, rule_view, run_view
-from ..registry import COMPUTE, DOT, DOT_K, defop
+from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, call_int, data_pointer, gemm, operand, output,
+                      rule_view, run_view, span)
+from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..status import OK
 from .common import as_tensor, graph_of
 from .shape import TRANSPOSE, reshape
@@ -30,6 +31,7 @@ __all__ = ["matmul"]
 
 MATMUL = 37
 FLAT = 1                      # ip[2]: both operands are read as 2-D (all leading axes fold into rows)
+ROW_CHUNK, COL_CHUNK = 128, 256   # output tile of a unit of work (fixed: results never depend on threads)
 
 
 def _params(ta: int, tb: int, k: int, mode: int = 0) -> tuple:
@@ -96,7 +98,22 @@ def _gemm(fn, C, A, B, ta, tb, M, N, K, lda, ldb):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _product(v, n):
+def _tile(fn, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
+    """Rows [r0, r1) x columns [c0, c1) of C (N columns) = op(A) op(B): the same GEMM on
+    pointers offset into C, op(A)'s rows and op(B)'s columns (offsets along the other
+    axis when an operand is stored transposed), with C's leading dim kept."""
+    a0 = r0 if ta else r0 * lda
+    b0 = c0 * ldb if tb else c0
+    gemm(fn, tb, ta, c1 - c0, r1 - r0, K, 1.0, data_pointer(B[b0:]), ldb, data_pointer(A[a0:]), lda, 0.0,
+         data_pointer(C[r0 * N + c0:]), N)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _product(v, n, lo, hi):
+    """Units of work: tiles of one GEMM's output (at most ROW_CHUNK x COL_CHUNK, all of
+    one size), or the matrices of a batched product; each is one single-threaded BLAS
+    call.  A GEMM's result depends on how it is tiled (OpenBLAS picks kernels by size),
+    so tiles depend on the shape only, never on the thread count."""
     s0 = v.src[n, 0]
     s1 = v.src[n, 1]
     out = output(v, n)
@@ -106,32 +123,49 @@ def _product(v, n):
     ta = v.ip[n, 0]
     tb = v.ip[n, 1]
     fn = v.ctx[RUN_GEMM]
-    M = so[2]
     N = so[3]
     lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
     ldb = sb[3]
-    if v.ip[n, 2] == FLAT:                   # every leading axis folded into the rows
+    flat = v.ip[n, 2] == FLAT
+    one_gemm = flat or (sb[0] * sb[1] == 1 and ta == 0 and sa[0] == so[0] and sa[1] == so[1])
+    if flat:                                 # every leading axis folded into the rows
         K = A.size // sa[3] if ta else sa[3]
-        _gemm(fn, out, A, B, ta, tb, out.size // N, N, K, lda, ldb)
+    else:
+        K = sa[2] if ta else sa[3]
+    rows = out.size // N if one_gemm else so[2]
+    row_tiles = (rows + ROW_CHUNK - 1) // ROW_CHUNK         # tiles of equal size (even work for the
+    col_tiles = (N + COL_CHUNK - 1) // COL_CHUNK            # threads), a function of the shape only
+    row_step = (rows + row_tiles - 1) // row_tiles
+    col_step = (N + col_tiles - 1) // col_tiles
+    units = row_tiles * col_tiles if one_gemm else so[0] * so[1]
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = units
         return OK
-    K = sa[2] if ta else sa[3]
-    if sb[0] * sb[1] == 1 and ta == 0 and sa[0] == so[0] and sa[1] == so[1]:
-        _gemm(fn, out, A, B, 0, tb, M * so[0] * so[1], N, K, lda, ldb)     # one GEMM over all rows
-        return OK
-    size_a = sa[2] * sa[3]
-    size_b = sb[2] * sb[3]
-    o = 0
-    for i0 in range(so[0]):
-        for i1 in range(so[1]):
+    lo, hi = span(lo, hi, units)
+    setter = v.ctx[RUN_BLAS_THREADS]
+    before = call_int(setter, 1) if setter != 0 else 0       # this thread's BLAS calls: one thread
+    if one_gemm:                             # (..., M, K) @ (K, N): all leading rows in one GEMM, by tiles
+        for u in range(lo, hi):
+            r0 = (u // col_tiles) * row_step
+            c0 = (u % col_tiles) * col_step
+            _tile(fn, out, A, B, ta, tb, N, K, lda, ldb, r0, min(r0 + row_step, rows), c0, min(c0 + col_step, N))
+    else:
+        M = so[2]
+        size_a = sa[2] * sa[3]
+        size_b = sb[2] * sb[3]
+        for b in range(lo, hi):
+            i0 = b // so[1]
+            i1 = b % so[1]
             ja = (i0 if sa[0] > 1 else 0) * sa[1] + (i1 if sa[1] > 1 else 0)
             jb = (i0 if sb[0] > 1 else 0) * sb[1] + (i1 if sb[1] > 1 else 0)
-            _gemm(fn, out[o:], A[ja * size_a:], B[jb * size_b:], ta, tb, M, N, K, lda, ldb)
-            o += M * N
+            _gemm(fn, out[b * M * N:], A[ja * size_a:], B[jb * size_b:], ta, tb, M, N, K, lda, ldb)
+    if setter != 0:
+        call_int(setter, before)
     return OK
 
 
-def _run_matmul(n, ctx, mem, store):
-    return _product(run_view(ctx, mem, store), n)
+def _run_matmul(n, lo, hi, ctx, mem, store):
+    return _product(run_view(ctx, mem, store), n, lo, hi)
 
 
 def _vjp_matmul(n, k, g, ctx):
@@ -185,4 +219,4 @@ def _vjp_matmul(n, k, g, ctx):
     return t
 
 
-defop(MATMUL, "matmul", matmul, _run_matmul, _vjp_matmul, arity=2, cost=COMPUTE, flops=DOT)
+defop(MATMUL, "matmul", matmul, _run_matmul, _vjp_matmul, arity=2, cost=COMPUTE, flops=DOT, split=CUSTOM)

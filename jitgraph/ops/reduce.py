@@ -17,8 +17,9 @@ from ..emit import grad_node, grad_node_fp, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
 from ..ir import F_GRAD
-from ..native import operand, output, rule_view, run_view
-from ..registry import COMPUTE, ZERO_GRAD, defop
+from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
+from ..registry import COMPUTE, CUSTOM, ROWS, ZERO_GRAD, defop
+from ..vmath import in_dtype_of
 from ..status import OK
 from .binary import AFFINE, MUL
 from .common import broadcast_mask, need_tensor, normalize_axes, padded_mask
@@ -69,16 +70,84 @@ def reduce_strides(s, mask):
     return s0, s1, s2, s3
 
 
+LAYOUT_OTHER, LAYOUT_LEADING, LAYOUT_TRAILING = 0, 1, 2
+
+
 @njit(cache=True, error_model="numpy")
-def sum_kernel(out, x, sx, mask, scale):
-    """out = scale * sum of x over the masked axes (float64 accumulation within rows)."""
-    if out.size == 1:
-        acc = 0.0
-        for i in range(x.size):
-            acc += x[i]
-        out[0] = acc * scale
+def layout(sx, mask):
+    """How the reduced axes lie in padded shape sx (size-1 axes count as either):
+    LEADING -- all before the kept ones (x is (R, C), sums down columns: a bias
+    gradient); TRAILING -- all after (x is (C, R), sums along rows); else OTHER."""
+    last_reduced = -1
+    first_kept = 4
+    last_kept = -1
+    first_reduced = 4
+    for d in range(4):
+        if sx[d] == 1:
+            continue
+        if (mask >> d) & 1:
+            last_reduced = d
+            first_reduced = min(first_reduced, d)
+        else:
+            first_kept = min(first_kept, d)
+            last_kept = d
+    if last_reduced < first_kept:
+        return LAYOUT_LEADING
+    if last_kept < first_reduced:
+        return LAYOUT_TRAILING
+    return LAYOUT_OTHER
+
+
+@njit(cache=True, error_model="numpy")
+def _row_sum(x):
+    """sum of x in float64 with 8 running sums (a fixed order: deterministic, and LLVM
+    keeps the eight in one vector register)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    m = x.size
+    j = 0
+    while j + 8 <= m:
+        s0 += x[j]
+        s1 += x[j + 1]
+        s2 += x[j + 2]
+        s3 += x[j + 3]
+        s4 += x[j + 4]
+        s5 += x[j + 5]
+        s6 += x[j + 6]
+        s7 += x[j + 7]
+        j += 8
+    for k in range(j, m):
+        s0 += x[k]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, error_model="numpy")
+def sum_kernel(out, x, sx, mask, scale, lo, hi):
+    """out = scale * sum of x over the masked axes, for output elements [lo, hi) when
+    the layout is LEADING or TRAILING (each output element is summed by one call, so
+    splitting them over threads changes nothing); float64 sums along rows."""
+    how = layout(sx, mask) if out.size > 1 else LAYOUT_TRAILING
+    C = out.size
+    R = x.size // C
+    if how == LAYOUT_LEADING:                 # columns: vectorized over [lo, hi)
+        y = out[lo:hi]                        # slices from 0 (see binary._run)
+        m = hi - lo
+        first = x[lo:hi]
+        for c in range(m):
+            y[c] = first[c]
+        for r in range(1, R):
+            row = x[r * C + lo:r * C + hi]
+            for c in range(m):
+                y[c] += row[c]
+        if scale != 1.0:
+            sc = in_dtype_of(out, scale)
+            for c in range(m):
+                y[c] *= sc
         return OK
-    for i in range(out.size):
+    if how == LAYOUT_TRAILING:
+        for c in range(lo, hi):
+            out[c] = _row_sum(x[c * R:(c + 1) * R]) * scale
+        return OK
+    for i in range(out.size):                 # anything else: one call does it all
         out[i] = 0.0
     t0, t1, t2, t3 = reduce_strides(sx, mask)
     n3 = sx[3]
@@ -88,10 +157,7 @@ def sum_kernel(out, x, sx, mask, scale):
             for i2 in range(sx[2]):
                 o = i0 * t0 + i1 * t1 + i2 * t2
                 if t3 == 0:
-                    acc = 0.0
-                    for j in range(n3):
-                        acc += x[i + j]
-                    out[o] += acc
+                    out[o] += _row_sum(x[i:i + n3])
                 else:
                     for j in range(n3):
                         out[o + j] += x[i + j]
@@ -100,6 +166,25 @@ def sum_kernel(out, x, sx, mask, scale):
         for k in range(out.size):
             out[k] *= scale
     return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def run_sum(v, n, lo, hi, scale):
+    """The runner of sum and mean (split CUSTOM: units are output elements, when the
+    layout lets each be summed on its own)."""
+    out = output(v, n)
+    s0 = v.src[n, 0]
+    sx = v.shape[s0]
+    mask = v.ip[n, 0]
+    units = out.size if out.size > 1 and layout(sx, mask) != LAYOUT_OTHER else 1
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = units
+        return OK
+    if units == 1:
+        lo, hi = 0, out.size
+    else:
+        lo, hi = span(lo, hi, units)
+    return sum_kernel(out, operand(v, n, 0), sx, mask, scale, lo, hi)
 
 
 @njit(cache=True, error_model="numpy")
@@ -125,23 +210,23 @@ def max_kernel(out, x, sx, mask):
 
 
 @njit(cache=True, error_model="numpy")
-def broadcast_kernel(out, x, so, mask):
-    """out (padded shape so) = x repeated along the masked axes of so."""
+def broadcast_kernel(out, x, so, mask, lo, hi):
+    """Rows [lo, hi) of out (padded shape so): x repeated along the masked axes of so."""
     t0, t1, t2, t3 = reduce_strides(so, mask)
     n3 = so[3]
-    i = 0
-    for i0 in range(so[0]):
-        for i1 in range(so[1]):
-            for i2 in range(so[2]):
-                o = i0 * t0 + i1 * t1 + i2 * t2
-                if t3 == 0:
-                    v = x[o]
-                    for j in range(n3):
-                        out[i + j] = v
-                else:
-                    for j in range(n3):
-                        out[i + j] = x[o + j]
-                i += n3
+    for r in range(lo, hi):
+        i2 = r % so[2]
+        q = r // so[2]
+        o = (q // so[1]) * t0 + (q % so[1]) * t1 + i2 * t2
+        y = out[r * n3:(r + 1) * n3]
+        if t3 == 0:
+            c = x[o]
+            for j in range(n3):
+                y[j] = c
+        else:
+            xs = x[o:o + n3]
+            for j in range(n3):
+                y[j] = xs[j]
     return OK
 
 
@@ -195,15 +280,25 @@ def masked(G, st, op, a, like, mask, n, k):
     return t
 
 
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
+def row_reduce(G, st, op, a, like, axis, n, k):
+    """A gradient node: sum or mean of ``a`` over padded ``axis``, keeping it as size 1."""
+    t = grad_node(G, st, op, a, -1, like, n, k)
+    G.shape[t, axis] = 1
+    G.ip[t, 0] = 1 << axis
+    if op == MEAN:
+        G.fp[t, 0] = 1.0 / G.shape[like, axis]
+    return t
+
+
 # ---- sum ------------------------------------------------------------------------------------------
 def sum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:    # noqa: A001
     """Sum over ``axis`` (None: all; int or tuple), like numpy."""
     return _reduce(SUM, "sum", t, axis, keepdims)
 
 
-def _run_sum(n, ctx, mem, store):
-    v = run_view(ctx, mem, store)
-    return sum_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0], 1.0)
+def _run_sum(n, lo, hi, ctx, mem, store):
+    return run_sum(run_view(ctx, mem, store), n, lo, hi, 1.0)
 
 
 def _vjp_sum(n, k, g, ctx):                    # g repeated over the reduced axes
@@ -211,7 +306,7 @@ def _vjp_sum(n, k, g, ctx):                    # g repeated over the reduced axe
     return masked(G, st, BROADCAST, g, G.src[n, 0], G.ip[n, 0], n, k)
 
 
-defop(SUM, "sum", sum, _run_sum, _vjp_sum, arity=1, cost=COMPUTE)
+defop(SUM, "sum", sum, _run_sum, _vjp_sum, arity=1, cost=COMPUTE, split=CUSTOM)
 
 
 # ---- mean -----------------------------------------------------------------------------------------
@@ -220,9 +315,9 @@ def mean(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return _reduce(MEAN, "mean", t, axis, keepdims)
 
 
-def _run_mean(n, ctx, mem, store):
+def _run_mean(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return sum_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0], v.fp[n, 0])
+    return run_sum(v, n, lo, hi, v.fp[n, 0])
 
 
 def _vjp_mean(n, k, g, ctx):                   # (g / count) repeated
@@ -231,7 +326,7 @@ def _vjp_mean(n, k, g, ctx):                   # (g / count) repeated
     return masked(G, st, BROADCAST, t, G.src[n, 0], G.ip[n, 0], n, k)
 
 
-defop(MEAN, "mean", mean, _run_mean, _vjp_mean, arity=1, cost=COMPUTE)
+defop(MEAN, "mean", mean, _run_mean, _vjp_mean, arity=1, cost=COMPUTE, split=CUSTOM)
 
 
 # ---- max ------------------------------------------------------------------------------------------
@@ -240,7 +335,7 @@ def max(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:    # no
     return _reduce(MAX, "max", t, axis, keepdims)
 
 
-def _run_max(n, ctx, mem, store):
+def _run_max(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     return max_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
 
@@ -269,9 +364,11 @@ def broadcast_to(t: Tensor, shape: Sequence[int]) -> Tensor:
     return t.graph._node(BROADCAST, (t.id,), shape, ip=(broadcast_mask(src, shape),))
 
 
-def _run_broadcast(n, ctx, mem, store):
+def _run_broadcast(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return broadcast_kernel(output(v, n), operand(v, n, 0), v.shape[n], v.ip[n, 0])
+    so = v.shape[n]
+    lo, hi = span(lo, hi, so[0] * so[1] * so[2])
+    return broadcast_kernel(output(v, n), operand(v, n, 0), so, v.ip[n, 0], lo, hi)
 
 
 def _vjp_broadcast(n, k, g, ctx):              # summed back over the repeated axes
@@ -279,7 +376,7 @@ def _vjp_broadcast(n, k, g, ctx):              # summed back over the repeated a
     return masked(G, st, SUM, g, G.src[n, 0], G.ip[n, 0], n, k)
 
 
-defop(BROADCAST, "broadcast", broadcast_to, _run_broadcast, _vjp_broadcast, arity=1)
+defop(BROADCAST, "broadcast", broadcast_to, _run_broadcast, _vjp_broadcast, arity=1, split=ROWS)
 
 
 # ---- max_mask: max's derivative ------------------------------------------------------------------
@@ -290,7 +387,7 @@ def max_mask(t: Tensor, axis: Axis = None) -> Tensor:
     return t.graph._node(MAX_MASK, (t.id,), t.shape, ip=(padded_mask(axes, t.ndim),))
 
 
-def _run_max_mask(n, ctx, mem, store):
+def _run_max_mask(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     return max_mask_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
 

@@ -11,8 +11,8 @@ from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
 from ..ir import F_GRAD, MAX_DIMS, MAX_SRC
-from ..native import operand, output, rule_view, run_view
-from ..registry import FREE, VIEW, defop
+from ..native import operand, output, rule_view, run_view, span
+from ..registry import FREE, ROWS, VIEW, defop
 from ..status import OK
 from .common import graph_of, need_tensor, normalize_axis
 
@@ -91,30 +91,36 @@ def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy")
-def transpose_kernel(out, x, sx, perm):
+def transpose_kernel(out, x, sx, perm, lo, hi):
+    """Output rows [lo, hi) (all axes but the last) of x's axes permuted by perm."""
     c = (sx[1] * sx[2] * sx[3], sx[2] * sx[3], sx[3], 1)
     s0 = c[perm[0]]
     s1 = c[perm[1]]
     s2 = c[perm[2]]
     s3 = c[perm[3]]
-    n0 = sx[perm[0]]
     n1 = sx[perm[1]]
     n2 = sx[perm[2]]
     n3 = sx[perm[3]]
-    o = 0
-    for i0 in range(n0):
-        for i1 in range(n1):
-            for i2 in range(n2):
-                base = i0 * s0 + i1 * s1 + i2 * s2
-                for i3 in range(n3):
-                    out[o + i3] = x[base + i3 * s3]
-                o += n3
+    for r in range(lo, hi):
+        i2 = r % n2
+        q = r // n2
+        base = (q // n1) * s0 + (q % n1) * s1 + i2 * s2
+        y = out[r * n3:(r + 1) * n3]           # slices from 0 (see binary._run)
+        if s3 == 1:
+            xs = x[base:base + n3]
+            for i3 in range(n3):
+                y[i3] = xs[i3]
+        else:
+            for i3 in range(n3):
+                y[i3] = x[base + i3 * s3]
     return OK
 
 
-def _run_transpose(n, ctx, mem, store):
+def _run_transpose(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return transpose_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n])
+    so = v.shape[n]
+    lo, hi = span(lo, hi, so[0] * so[1] * so[2])
+    return transpose_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n], lo, hi)
 
 
 def _vjp_transpose(n, k, g, ctx):              # the inverse permutation
@@ -125,7 +131,7 @@ def _vjp_transpose(n, k, g, ctx):              # the inverse permutation
     return t
 
 
-defop(TRANSPOSE, "transpose", transpose, _run_transpose, _vjp_transpose, arity=1)
+defop(TRANSPOSE, "transpose", transpose, _run_transpose, _vjp_transpose, arity=1, split=ROWS)
 
 
 # ---- concat ---------------------------------------------------------------------------------------
@@ -179,8 +185,10 @@ def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
     for o in range(outer):
         d = o * dst_stride + dst_off
         s = o * src_stride + src_off
+        y = dst[d:d + run]
+        xs = src[s:s + run]
         for j in range(run):
-            dst[d + j] = src[s + j]
+            y[j] = xs[j]
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
@@ -200,7 +208,7 @@ def _concat(v, n):
     return OK
 
 
-def _run_concat(n, ctx, mem, store):
+def _run_concat(n, lo, hi, ctx, mem, store):
     return _concat(run_view(ctx, mem, store), n)
 
 
@@ -250,7 +258,7 @@ def _slice(v, n):
     return OK
 
 
-def _run_slice(n, ctx, mem, store):
+def _run_slice(n, lo, hi, ctx, mem, store):
     return _slice(run_view(ctx, mem, store), n)
 
 
@@ -290,7 +298,7 @@ def _pad(v, n):
     return OK
 
 
-def _run_pad(n, ctx, mem, store):
+def _run_pad(n, lo, hi, ctx, mem, store):
     return _pad(run_view(ctx, mem, store), n)
 
 

@@ -12,7 +12,7 @@ from numba import njit
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import operand, output, rule_view, run_view
+from ..native import operand, output, rule_view, run_view, span
 from ..registry import ELEMENTWISE, defop
 from ..status import OK
 from .common import need_tensor
@@ -69,17 +69,22 @@ def dropout_uniform(seed, mask_id, i):
 
 
 @njit(cache=True, error_model="numpy")
-def dropout_kernel(out, x, p, seed, mask_id):
+def dropout_kernel(out, x, p, seed, mask_id, lo, hi):
+    """Elements [lo, hi): each one's mask depends on its index only, so blocks agree."""
     key = _dropout_key(seed, mask_id)
     keep_scale = 1.0 / (1.0 - p)
-    for i in range(out.size):
-        out[i] = x[i] * keep_scale if _dropout_u(key, i) >= p else 0.0 * x[i]
+    y = out[lo:hi]
+    xs = x[lo:hi]
+    for i in range(y.size):
+        y[i] = xs[i] * keep_scale if _dropout_u(key, lo + i) >= p else 0.0 * xs[i]
     return OK
 
 
-def _run_dropout(n, ctx, mem, store):
+def _run_dropout(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return dropout_kernel(output(v, n), operand(v, n, 0), v.fp[n, 0], v.ip[n, 0] + v.salt, v.ip[n, 1])
+    out = output(v, n)
+    lo, hi = span(lo, hi, out.size)
+    return dropout_kernel(out, operand(v, n, 0), v.fp[n, 0], v.ip[n, 0] + v.salt, v.ip[n, 1], lo, hi)
 
 
 def _vjp_dropout(n, k, g, ctx):                # the same mask: same (seed, mask id)

@@ -1,21 +1,25 @@
 """Unary elementwise ops: out[i] = f(x[i]) over node n's one source.
 
-Calling convention: a runner hands its op code to :func:`unary`, which reads the
-output and operand slices and the float params fp[n, 0:2]; Numba compiles that
-loop for the literal code, so each op's runner holds its own loop and nothing else.
+Calling convention: a runner hands its op code to :func:`unary`, which maps
+``_f(code, x[i], p0, p1)`` (params fp[n, 0:2]) over the elements, in fixed blocks
+over the threads when the tensor is big; Numba compiles the branch of the literal
+code only, so each op's runner holds its own loop.  float32 math stays float32 and
+vectorizes (vmath.py); float64 uses libm.
 Derivative ops (step, sign, gelu_d ...) live here too: gradient rules append them.
 """
-import math
-
+import numpy as np
 from numba import njit
+
+from .. import vmath
 
 from ..emit import grad_node, grad_node_fp
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import operand, output, rule_view, run_view
+from ..native import operand, output, rule_view, run_view, same_data, span
 from ..registry import ELEMENTWISE, ZERO_GRAD, defop
 from ..status import OK
 from .binary import AFFINE, DIV, MUL
+from ..vmath import like
 from .common import is_scalar, need_tensor
 
 __all__ = ["neg", "sqr", "sqrt", "exp", "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy",
@@ -26,9 +30,6 @@ SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = range(10, 21)
 STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD = range(21, 27)
 LEAKY_RELU = 48
 
-_INV_SQRT2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
-
 
 # ---- the family's calling convention ------------------------------------------------------------
 def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
@@ -36,90 +37,70 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
     return t.graph._node(code, (t.id,), t.shape, fp=fp)
 
 
-@njit(cache=True, error_model="numpy")
-def _sigmoid(x):
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
+@njit(cache=True, error_model="numpy", forceinline=True)
+def _f(code, a, p0, p1):
+    """One element of op ``code`` (a literal: Numba compiles _f once per op, with that
+    op's branch only, and LLVM inlines it into the loop, which then vectorizes).
+    float32 stays float32: vmath's functions vectorize, ``like`` types the constants."""
+    if code == NEG:
+        return -a
+    if code == SQR:
+        return a * a
+    if code == SQRT:
+        return np.sqrt(a)
+    if code == EXP:
+        return vmath.exp(a)
+    if code == LOG:
+        return vmath.log(a)
+    if code == ABS:
+        return np.abs(a)
+    if code == RELU:
+        return like(a, 0.0) if a <= like(a, 0.0) else a        # NaN passes through, like numpy
+    if code == GELU:                            # x Phi(x), exact (erf) form
+        return a * vmath.phi_cdf(a)
+    if code == SILU:
+        return a * vmath.sigmoid(a)
+    if code == TANH:
+        return vmath.tanh(a)
+    if code == SIGMOID:
+        return vmath.sigmoid(a)
+    if code == COPY:
+        return a
+    if code == STEP:
+        return like(a, 1.0) if a > like(a, 0.0) else like(a, 0.0)
+    if code == SIGN:
+        return like(a, 1.0) if a > like(a, 0.0) else (like(a, -1.0) if a < like(a, 0.0) else a * like(a, 0.0))
+    if code == GELU_D:                          # Phi(x) + x phi(x)
+        cdf, pdf = vmath.normal(a)
+        return cdf + a * pdf
+    if code == GELU_DD:                         # phi(x) (2 - x^2)
+        return vmath.phi_pdf(a) * (like(a, 2.0) - a * a)
+    if code == SILU_D:                          # s (1 + x (1 - s))
+        s = vmath.sigmoid(a)
+        return s * (like(a, 1.0) + a * (like(a, 1.0) - s))
+    if code == SILU_DD:                         # s (1 - s) (2 + x (1 - 2 s))
+        s = vmath.sigmoid(a)
+        return s * (like(a, 1.0) - s) * (like(a, 2.0) + a * (like(a, 1.0) - like(a, 2.0) * s))
+    if code == LEAKY_RELU:                      # x if x > 0 else slope x
+        return a if a > like(a, 0.0) else like(a, p0) * a
+    return a
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def unary(v, n, code):
-    """Run unary op ``code`` (a literal: one loop per op) for node n."""
+def unary(v, n, code, lo, hi):
+    """Run unary op ``code`` for node n over elements [lo, hi): out[i] = f(x[i])."""
     out = output(v, n)
-    x = operand(v, n, 0)
+    lo, hi = span(lo, hi, out.size)
+    y = out[lo:hi]                    # slices indexed from 0: no wraparound test, so the loops vectorize
+    x = operand(v, n, 0)[lo:hi]
     p0 = v.fp[n, 0]
     p1 = v.fp[n, 1]
-    size = out.size
-    if code == NEG:
-        for i in range(size):
-            out[i] = -x[i]
-    elif code == SQR:
-        for i in range(size):
-            out[i] = x[i] * x[i]
-    elif code == SQRT:
-        for i in range(size):
-            out[i] = math.sqrt(x[i])
-    elif code == EXP:
-        for i in range(size):
-            out[i] = math.exp(x[i])
-    elif code == LOG:
-        for i in range(size):
-            out[i] = math.log(x[i])
-    elif code == ABS:
-        for i in range(size):
-            out[i] = math.fabs(x[i])
-    elif code == RELU:
-        for i in range(size):
-            a = x[i]
-            out[i] = 0.0 if a <= 0.0 else a          # NaN passes through, like numpy
-    elif code == GELU:
-        for i in range(size):
-            a = x[i]
-            out[i] = 0.5 * a * (1.0 + math.erf(a * _INV_SQRT2))
-    elif code == SILU:
-        for i in range(size):
-            a = x[i]
-            out[i] = a * _sigmoid(a)
-    elif code == TANH:
-        for i in range(size):
-            out[i] = math.tanh(x[i])
-    elif code == SIGMOID:
-        for i in range(size):
-            out[i] = _sigmoid(x[i])
-    elif code == COPY:
-        for i in range(size):
-            out[i] = x[i]
-    elif code == STEP:
-        for i in range(size):
-            out[i] = 1.0 if x[i] > 0.0 else 0.0
-    elif code == SIGN:
-        for i in range(size):
-            a = x[i]
-            out[i] = 1.0 if a > 0.0 else (-1.0 if a < 0.0 else a * 0.0)
-    elif code == GELU_D:      # Phi(x) + x phi(x)
-        for i in range(size):
-            a = x[i]
-            out[i] = 0.5 * (1.0 + math.erf(a * _INV_SQRT2)) + a * _INV_SQRT_2PI * math.exp(-0.5 * a * a)
-    elif code == GELU_DD:     # phi(x) (2 - x^2)
-        for i in range(size):
-            a = x[i]
-            out[i] = _INV_SQRT_2PI * math.exp(-0.5 * a * a) * (2.0 - a * a)
-    elif code == SILU_D:      # s (1 + x (1 - s))
-        for i in range(size):
-            a = x[i]
-            s = _sigmoid(a)
-            out[i] = s * (1.0 + a * (1.0 - s))
-    elif code == SILU_DD:     # s (1 - s) (2 + x (1 - 2 s))
-        for i in range(size):
-            a = x[i]
-            s = _sigmoid(a)
-            out[i] = s * (1.0 - s) * (2.0 + a * (1.0 - 2.0 * s))
-    elif code == LEAKY_RELU:  # x if x > 0 else slope x
-        for i in range(size):
-            a = x[i]
-            out[i] = a if a > 0.0 else p0 * a
+    if same_data(y, x):               # in place: one array, or LLVM's overlap check picks its scalar loop
+        for i in range(y.size):
+            y[i] = _f(code, y[i], p0, p1)
+    else:
+        for i in range(y.size):
+            y[i] = _f(code, x[i], p0, p1)
     return OK
 
 
@@ -135,8 +116,8 @@ def neg(t: Tensor) -> Tensor:
     return _unary(NEG, "neg", t)
 
 
-def _run_neg(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, NEG)
+def _run_neg(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, NEG, lo, hi)
 
 
 def _vjp_neg(n, k, g, ctx):
@@ -153,8 +134,8 @@ def sqr(t: Tensor) -> Tensor:
     return _unary(SQR, "sqr", t)
 
 
-def _run_sqr(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SQR)
+def _run_sqr(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SQR, lo, hi)
 
 
 def _vjp_sqr(n, k, g, ctx):                    # g * 2x
@@ -172,8 +153,8 @@ def sqrt(t: Tensor) -> Tensor:
     return _unary(SQRT, "sqrt", t)
 
 
-def _run_sqrt(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SQRT)
+def _run_sqrt(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SQRT, lo, hi)
 
 
 def _vjp_sqrt(n, k, g, ctx):                   # 0.5 g / out
@@ -190,8 +171,8 @@ def exp(t: Tensor) -> Tensor:
     return _unary(EXP, "exp", t)
 
 
-def _run_exp(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, EXP)
+def _run_exp(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, EXP, lo, hi)
 
 
 def _vjp_exp(n, k, g, ctx):                    # g * out
@@ -208,8 +189,8 @@ def log(t: Tensor) -> Tensor:
     return _unary(LOG, "log", t)
 
 
-def _run_log(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, LOG)
+def _run_log(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, LOG, lo, hi)
 
 
 def _vjp_log(n, k, g, ctx):                    # g / x
@@ -226,8 +207,8 @@ def abs(t: Tensor) -> Tensor:                  # noqa: A001 -- jg.abs, like nump
     return _unary(ABS, "abs", t)
 
 
-def _run_abs(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, ABS)
+def _run_abs(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, ABS, lo, hi)
 
 
 def _vjp_abs(n, k, g, ctx):                    # g * sign(x); 0 at x = 0
@@ -244,8 +225,8 @@ def relu(t: Tensor) -> Tensor:
     return _unary(RELU, "relu", t)
 
 
-def _run_relu(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, RELU)
+def _run_relu(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, RELU, lo, hi)
 
 
 def _vjp_relu(n, k, g, ctx):                   # g * [out > 0]: reads the output, so x can die
@@ -262,8 +243,8 @@ def gelu(t: Tensor) -> Tensor:
     return _unary(GELU, "gelu", t)
 
 
-def _run_gelu(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, GELU)
+def _run_gelu(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, GELU, lo, hi)
 
 
 def _vjp_gelu(n, k, g, ctx):
@@ -280,8 +261,8 @@ def silu(t: Tensor) -> Tensor:
     return _unary(SILU, "silu", t)
 
 
-def _run_silu(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SILU)
+def _run_silu(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SILU, lo, hi)
 
 
 def _vjp_silu(n, k, g, ctx):
@@ -298,8 +279,8 @@ def tanh(t: Tensor) -> Tensor:
     return _unary(TANH, "tanh", t)
 
 
-def _run_tanh(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, TANH)
+def _run_tanh(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, TANH, lo, hi)
 
 
 def _vjp_tanh(n, k, g, ctx):                   # g * (1 - out^2)
@@ -317,8 +298,8 @@ def sigmoid(t: Tensor) -> Tensor:
     return _unary(SIGMOID, "sigmoid", t)
 
 
-def _run_sigmoid(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SIGMOID)
+def _run_sigmoid(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SIGMOID, lo, hi)
 
 
 def _vjp_sigmoid(n, k, g, ctx):                # g * out (1 - out)
@@ -336,8 +317,8 @@ def copy(t: Tensor) -> Tensor:
     return _unary(COPY, "copy", t)
 
 
-def _run_copy(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, COPY)
+def _run_copy(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, COPY, lo, hi)
 
 
 def _vjp_copy(n, k, g, ctx):
@@ -353,8 +334,8 @@ def step(t: Tensor) -> Tensor:
     return _unary(STEP, "step", t)
 
 
-def _run_step(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, STEP)
+def _run_step(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, STEP, lo, hi)
 
 
 defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
@@ -365,8 +346,8 @@ def sign(t: Tensor) -> Tensor:
     return _unary(SIGN, "sign", t)
 
 
-def _run_sign(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SIGN)
+def _run_sign(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SIGN, lo, hi)
 
 
 defop(SIGN, "sign", sign, _run_sign, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
@@ -377,8 +358,8 @@ def gelu_d(t: Tensor) -> Tensor:
     return _unary(GELU_D, "gelu_d", t)
 
 
-def _run_gelu_d(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, GELU_D)
+def _run_gelu_d(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, GELU_D, lo, hi)
 
 
 def _vjp_gelu_d(n, k, g, ctx):
@@ -394,8 +375,8 @@ def gelu_dd(t: Tensor) -> Tensor:
     return _unary(GELU_DD, "gelu_dd", t)
 
 
-def _run_gelu_dd(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, GELU_DD)
+def _run_gelu_dd(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, GELU_DD, lo, hi)
 
 
 defop(GELU_DD, "gelu_dd", gelu_dd, _run_gelu_dd, arity=1, kind=ELEMENTWISE, flops=16, public=False)
@@ -406,8 +387,8 @@ def silu_d(t: Tensor) -> Tensor:
     return _unary(SILU_D, "silu_d", t)
 
 
-def _run_silu_d(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SILU_D)
+def _run_silu_d(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SILU_D, lo, hi)
 
 
 def _vjp_silu_d(n, k, g, ctx):
@@ -423,8 +404,8 @@ def silu_dd(t: Tensor) -> Tensor:
     return _unary(SILU_DD, "silu_dd", t)
 
 
-def _run_silu_dd(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SILU_DD)
+def _run_silu_dd(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, SILU_DD, lo, hi)
 
 
 defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, flops=12, public=False)
@@ -439,8 +420,8 @@ def leaky_relu(t: Tensor, slope: float = 0.01) -> Tensor:
     return _unary(LEAKY_RELU, "leaky_relu", t, (float(slope),))
 
 
-def _run_leaky_relu(n, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, LEAKY_RELU)
+def _run_leaky_relu(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, LEAKY_RELU, lo, hi)
 
 
 def _vjp_leaky_relu(n, k, g, ctx):             # g * (slope + (1 - slope) [x > 0])

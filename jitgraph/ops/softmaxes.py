@@ -1,0 +1,313 @@
+"""softmax and log_softmax along any axis, cross_entropy (mean over rows of the last
+axis), and the fused backward kernels of the first two.
+
+Calling convention: a line is the run of elements along the softmax axis (ip[0],
+padded); units of work are lines (split CUSTOM), a line is computed by one call.
+On the last axis lines are contiguous and the kernels take a fast path: each exp
+computed once, float32 math in float32 (vmath), sums with eight running partials.
+The gradients are one node each -- ``softmax_d(g, y) = y (g - sum(g y))`` and
+``log_softmax_d(g, y) = g - exp(y) sum(g)`` -- with their own rules, so second
+order still works.
+"""
+import numpy as np
+from numba import njit
+
+from ..emit import grad_node
+from ..errors import GraphError
+from ..graph import Operand, Tensor
+from ..ir import MAX_DIMS
+from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
+from ..registry import COMPUTE, CUSTOM, defop
+from ..status import OK
+from .. import vmath
+from ..vmath import dot8, in_dtype_of, max8, sum8
+from .binary import MUL, SUB, scaled
+from .common import as_tensor, graph_of, need_tensor, normalize_axis
+from .reduce import SUM, row_reduce
+from .shape import outer_inner
+from .unary import EXP
+
+__all__ = ["softmax", "log_softmax", "cross_entropy"]
+
+SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY = 38, 39, 40
+SOFTMAX_D, LOG_SOFTMAX_D = 49, 50
+
+
+# ---- the family's calling convention ------------------------------------------------------------
+def _along_axis(code: int, what: str, t: Tensor, axis: int) -> Tensor:
+    t = need_tensor(t, what)
+    if t.ndim == 0:
+        raise GraphError(f"{what} of {t.label!r}: needs at least 1 dim")
+    ax = normalize_axis(axis, t.ndim, f"{what} of {t.label!r}")
+    return t.graph._node(code, (t.id,), t.shape, ip=(ax + MAX_DIMS - t.ndim,))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def lines(v, n, lo, hi):
+    """(first line, end line, line length, stride) of node n's units [lo, hi); lo is -1
+    after reporting the number of lines, when asked (lo < 0)."""
+    sx = v.shape[n]
+    axis = v.ip[n, 0]
+    outer, inner = outer_inner(sx, axis)
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = outer * inner
+        return -1, -1, sx[axis], inner
+    lo, hi = span(lo, hi, outer * inner)
+    return lo, hi, sx[axis], inner
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _start(line, m, inner):
+    """Index of the first element of a line (lines run along the axis with stride inner)."""
+    return (line // inner) * m * inner + line % inner
+
+
+# ---- softmax and log_softmax ----------------------------------------------------------------------
+def softmax(t: Tensor, axis: int = -1) -> Tensor:
+    """exp(t) / sum(exp(t)) along ``axis`` (max-shifted, so large logits are safe)."""
+    return _along_axis(SOFTMAX, "softmax", t, axis)
+
+
+def log_softmax(t: Tensor, axis: int = -1) -> Tensor:
+    """t - logsumexp(t) along ``axis``."""
+    return _along_axis(LOG_SOFTMAX, "log_softmax", t, axis)
+
+
+@njit(cache=True, error_model="numpy")
+def softmax_lines(out, x, lo, hi, m, inner, log):
+    """softmax (or log_softmax) of lines [lo, hi) of length m and stride inner."""
+    zero = in_dtype_of(x, 0.0)
+    ninf = in_dtype_of(x, -np.inf)
+    for line in range(lo, hi):
+        b = _start(line, m, inner)
+        if inner == 1:                                    # contiguous: the fast path, on slices
+            y = out[b:b + m]                              # indexed from 0 (see binary._run)
+            xs = x[b:b + m]
+            mx = max8(xs)
+            mx = zero if mx == ninf else mx               # a row of -inf: uniform rather than NaN
+            for j in range(m):
+                y[j] = vmath.exp(xs[j] - mx)
+            s = sum8(y)
+            if log:
+                ls = vmath.log(s) + mx
+                for j in range(m):
+                    y[j] = xs[j] - ls
+            else:
+                r = in_dtype_of(x, 1.0) / s
+                for j in range(m):
+                    y[j] *= r
+        else:
+            mx = ninf
+            for j in range(m):
+                a = x[b + j * inner]
+                if a > mx or a != a:
+                    mx = a
+            mx = zero if mx == ninf else mx
+            s = zero
+            for j in range(m):
+                e = vmath.exp(x[b + j * inner] - mx)
+                out[b + j * inner] = e
+                s += e
+            if log:
+                ls = vmath.log(s) + mx
+                for j in range(m):
+                    out[b + j * inner] = x[b + j * inner] - ls
+            else:
+                r = in_dtype_of(x, 1.0) / s
+                for j in range(m):
+                    out[b + j * inner] *= r
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _softmax(v, n, lo, hi, log):
+    lo, hi, m, inner = lines(v, n, lo, hi)
+    if lo < 0:
+        return OK
+    return softmax_lines(output(v, n), operand(v, n, 0), lo, hi, m, inner, log)
+
+
+def _run_softmax(n, lo, hi, ctx, mem, store):
+    return _softmax(run_view(ctx, mem, store), n, lo, hi, False)
+
+
+def _vjp_softmax(n, k, g, ctx):                # y (g - sum(g y)): one fused node
+    G, st = rule_view(ctx)
+    t = grad_node(G, st, SOFTMAX_D, g, n, n, n, k)
+    G.ip[t, 0] = G.ip[n, 0]
+    return t
+
+
+defop(SOFTMAX, "softmax", softmax, _run_softmax, _vjp_softmax, arity=1, cost=COMPUTE, flops=12, split=CUSTOM)
+
+
+def _run_log_softmax(n, lo, hi, ctx, mem, store):
+    return _softmax(run_view(ctx, mem, store), n, lo, hi, True)
+
+
+def _vjp_log_softmax(n, k, g, ctx):            # g - exp(y) sum(g): one fused node
+    G, st = rule_view(ctx)
+    t = grad_node(G, st, LOG_SOFTMAX_D, g, n, n, n, k)
+    G.ip[t, 0] = G.ip[n, 0]
+    return t
+
+
+defop(LOG_SOFTMAX, "log_softmax", log_softmax, _run_log_softmax, _vjp_log_softmax, arity=1, cost=COMPUTE,
+      flops=12, split=CUSTOM)
+
+
+# ---- their gradients -------------------------------------------------------------------------------
+def _grad_pair(code: int, what: str, g: Tensor, y: Tensor, axis: int) -> Tensor:
+    g = need_tensor(g, what)
+    y = need_tensor(y, what)
+    if g.shape != y.shape or g.graph is not y.graph:
+        raise GraphError(f"{what}: {g.label!r} {g.shape} and {y.label!r} {y.shape} must share graph and shape")
+    ax = normalize_axis(axis, y.ndim, f"{what} of {y.label!r}")
+    return g.graph._node(code, (g.id, y.id), y.shape, ip=(ax + MAX_DIMS - y.ndim,))
+
+
+def softmax_d(g: Tensor, y: Tensor, axis: int = -1) -> Tensor:
+    """softmax's vector-Jacobian product: y (g - sum(g y)) along ``axis``, y = softmax(x)."""
+    return _grad_pair(SOFTMAX_D, "softmax_d", g, y, axis)
+
+
+def log_softmax_d(g: Tensor, y: Tensor, axis: int = -1) -> Tensor:
+    """log_softmax's vector-Jacobian product: g - exp(y) sum(g) along ``axis``, y = log_softmax(x)."""
+    return _grad_pair(LOG_SOFTMAX_D, "log_softmax_d", g, y, axis)
+
+
+@njit(cache=True, error_model="numpy")
+def softmax_d_lines(out, g, y, lo, hi, m, inner, log):
+    for line in range(lo, hi):
+        b = _start(line, m, inner)
+        if inner == 1:
+            o = out[b:b + m]
+            gs = g[b:b + m]
+            ys = y[b:b + m]
+            if log:
+                s = sum8(gs)
+                for j in range(m):
+                    o[j] = gs[j] - vmath.exp(ys[j]) * s
+            else:
+                s = dot8(gs, ys)
+                for j in range(m):
+                    o[j] = ys[j] * (gs[j] - s)
+        else:
+            s = in_dtype_of(g, 0.0)
+            for j in range(m):
+                q = b + j * inner
+                s += g[q] if log else g[q] * y[q]
+            for j in range(m):
+                q = b + j * inner
+                out[q] = g[q] - vmath.exp(y[q]) * s if log else y[q] * (g[q] - s)
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _softmax_d(v, n, lo, hi, log):
+    lo, hi, m, inner = lines(v, n, lo, hi)
+    if lo < 0:
+        return OK
+    return softmax_d_lines(output(v, n), operand(v, n, 0), operand(v, n, 1), lo, hi, m, inner, log)
+
+
+def _run_softmax_d(n, lo, hi, ctx, mem, store):
+    return _softmax_d(run_view(ctx, mem, store), n, lo, hi, False)
+
+
+def _vjp_softmax_d(n, k, g, ctx):
+    """out = y (a - s), a the incoming gradient, s = sum(a y).  Through a: softmax_d(h, y);
+    through y: h (a - s) - a sum(h y)."""
+    G, st = rule_view(ctx)
+    a = G.src[n, 0]
+    y = G.src[n, 1]
+    axis = G.ip[n, 0]
+    if k == 0:
+        t = grad_node(G, st, SOFTMAX_D, g, y, n, n, k)
+        G.ip[t, 0] = axis
+        return t
+    s = row_reduce(G, st, SUM, grad_node(G, st, MUL, a, y, n, n, k), n, axis, n, k)
+    hy = row_reduce(G, st, SUM, grad_node(G, st, MUL, g, y, n, n, k), n, axis, n, k)
+    left = grad_node(G, st, MUL, g, grad_node(G, st, SUB, a, s, n, n, k), n, n, k)
+    return grad_node(G, st, SUB, left, grad_node(G, st, MUL, a, hy, n, n, k), n, n, k)
+
+
+defop(SOFTMAX_D, "softmax_d", softmax_d, _run_softmax_d, _vjp_softmax_d, arity=2, cost=COMPUTE, flops=4,
+      split=CUSTOM, public=False)
+
+
+def _run_log_softmax_d(n, lo, hi, ctx, mem, store):
+    return _softmax_d(run_view(ctx, mem, store), n, lo, hi, True)
+
+
+def _vjp_log_softmax_d(n, k, g, ctx):
+    """out = a - exp(y) sum(a).  Through a: h - sum(h exp(y)); through y: -h exp(y) sum(a)."""
+    G, st = rule_view(ctx)
+    a = G.src[n, 0]
+    y = G.src[n, 1]
+    axis = G.ip[n, 0]
+    e = grad_node(G, st, EXP, y, -1, y, n, k)
+    if k == 0:
+        t = row_reduce(G, st, SUM, grad_node(G, st, MUL, g, e, n, n, k), n, axis, n, k)
+        return grad_node(G, st, SUB, g, t, n, n, k)
+    t = grad_node(G, st, MUL, g, e, n, n, k)
+    t = grad_node(G, st, MUL, t, row_reduce(G, st, SUM, a, n, axis, n, k), n, n, k)
+    return scaled(G, st, t, -1.0, n, k)
+
+
+defop(LOG_SOFTMAX_D, "log_softmax_d", log_softmax_d, _run_log_softmax_d, _vjp_log_softmax_d, arity=2,
+      cost=COMPUTE, flops=10, split=CUSTOM, public=False)
+
+
+# ---- cross_entropy --------------------------------------------------------------------------------
+def cross_entropy(logits: Operand, target_probs: Operand) -> Tensor:
+    """mean over rows of -sum(target * log_softmax(logits), axis=-1); a scalar."""
+    g = graph_of("cross_entropy", logits, target_probs)
+    lg = as_tensor(logits, g, "cross_entropy")
+    target = as_tensor(target_probs, g, "cross_entropy")
+    if lg.ndim == 0:
+        raise GraphError(f"cross_entropy: logits {lg.label!r} need at least 1 dim")
+    if target.shape != lg.shape:
+        raise GraphError(f"cross_entropy: target {target.label!r} {target.shape} must have the shape "
+                         f"of logits {lg.label!r} {lg.shape}")
+    return g._node(CROSS_ENTROPY, (lg.id, target.id), ())
+
+
+@njit(cache=True, error_model="numpy")
+def cross_entropy_kernel(out, logits, target, c):
+    """-mean over rows of sum(target * log_softmax(logits)); float64 total."""
+    rows = logits.size // c
+    total = 0.0
+    for r in range(rows):
+        lg = logits[r * c:(r + 1) * c]
+        tg = target[r * c:(r + 1) * c]
+        m = max8(lg)
+        s = in_dtype_of(logits, 0.0)
+        for j in range(c):
+            s += vmath.exp(lg[j] - m)
+        total += dot8(tg, lg) - (m + vmath.log(s)) * sum8(tg)
+    out[0] = -total / rows
+    return OK
+
+
+def _run_cross_entropy(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return cross_entropy_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[v.src[n, 0], 3])
+
+
+def _vjp_cross_entropy(n, k, g, ctx):          # (softmax(l) - t) g / rows ;  -log_softmax(l) g / rows
+    G, st = rule_view(ctx)
+    x = G.src[n, 0]
+    rows = G.shape[x, 0] * G.shape[x, 1] * G.shape[x, 2]
+    if k == 0:
+        s = grad_node(G, st, SOFTMAX, x, -1, x, n, k)
+        G.ip[s, 0] = 3
+        d = grad_node(G, st, SUB, s, G.src[n, 1], x, n, k)
+        return grad_node(G, st, MUL, d, scaled(G, st, g, 1.0 / rows, n, k), x, n, k)
+    s = grad_node(G, st, LOG_SOFTMAX, x, -1, x, n, k)
+    G.ip[s, 0] = 3
+    return grad_node(G, st, MUL, s, scaled(G, st, g, -1.0 / rows, n, k), x, n, k)
+
+
+defop(CROSS_ENTROPY, "cross_entropy", cross_entropy, _run_cross_entropy, _vjp_cross_entropy, arity=2,
+      cost=COMPUTE, flops=12)

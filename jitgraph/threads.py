@@ -1,0 +1,94 @@
+"""Threads: how many cores jitgraph's kernels and the BLAS use, and a threading
+layer that is safe when programs run from several Python threads at once.
+
+Kernels split big tensors into blocks of a fixed size (``BLOCK``) and hand the
+blocks to Numba's threads; a block is always computed the same way, whoever runs
+it, and reductions combine per-block partials in block order -- so results are
+identical for any thread count, and checkpointed runs stay bit-identical.
+
+Numba's default ``workqueue`` layer aborts when two Python threads launch parallel
+work at once, so jitgraph asks for ``omp`` (GNU OpenMP, found on Linux with the
+compiler runtime) or ``tbb`` (the ``tbb`` package).  Numba's thread count is per
+Python thread; a run sets it in the thread that runs.
+"""
+import ctypes
+import importlib
+import os
+import sys
+import threading
+from typing import Optional
+
+import numba
+import scipy.linalg.cython_blas  # noqa: F401 -- jitgraph's BLAS: loaded, so threadpoolctl can limit it
+from numba.core import config
+from threadpoolctl import threadpool_limits
+
+from .errors import GraphError
+
+BLOCK = 1 << 14              # elements per block of an elementwise kernel (fixed: results never depend on threads)
+ROWS_PER_BLOCK = 16          # rows per block of a row kernel (softmax, norms)
+
+_lock = threading.Lock()
+_wanted: list = []           # [n] once set_num_threads was called
+_blas_limiter: list = []
+
+
+def _layer_available(name: str) -> bool:
+    """Can Numba load the ``omp`` (needs libgomp) or ``tbb`` layer here?"""
+    try:
+        if name == "tbb":
+            lib = os.path.join(sys.prefix, "lib", "libtbb.so.12")
+            if os.path.exists(lib):          # the pip wheel puts libtbb beside Python, off the loader's path
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        importlib.import_module(f"numba.np.ufunc.{name}pool")
+        return True
+    except (ImportError, OSError):
+        return False
+
+
+def choose_layer() -> str:
+    """Set Numba's threading layer to a thread-safe one (unless the user chose one)."""
+    if os.environ.get("NUMBA_THREADING_LAYER"):
+        return str(getattr(config, "THREADING_LAYER"))
+    for name in ("omp", "tbb"):
+        if _layer_available(name):
+            setattr(config, "THREADING_LAYER", name)
+            return name
+    setattr(config, "THREADING_LAYER", "threadsafe")   # none found: Numba raises a clear error when it launches
+    return "threadsafe"
+
+
+LAYER = choose_layer()
+
+
+def max_threads() -> int:
+    return int(getattr(config, "NUMBA_NUM_THREADS"))
+
+
+def num_threads() -> int:
+    """The thread count runs use (default: all cores)."""
+    return _wanted[0] if _wanted else max_threads()
+
+
+def set_num_threads(n: Optional[int] = None) -> int:
+    """Use ``n`` threads (default: all cores) for jitgraph's kernels and for the BLAS
+    (through threadpoolctl).  Results do not depend on it.  Returns the count set."""
+    n = max_threads() if n is None else int(n)
+    if not 1 <= n <= max_threads():
+        raise GraphError(f"set_num_threads: n must be between 1 and {max_threads()} (the cores Numba may use), "
+                         f"got {n}")
+    with _lock:
+        _wanted[:] = [n]
+        _limit_blas(n)
+    return n
+
+
+def _limit_blas(n: int) -> None:
+    _blas_limiter[:] = [threadpool_limits(limits=n, user_api="blas")]
+
+
+def enter_run() -> None:
+    """Called in the thread about to run a program: Numba's count is per thread."""
+    n = num_threads()
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)

@@ -1,0 +1,399 @@
+"""Elementary functions that vectorize.
+
+A loop that calls libm (``math.exp``) stays scalar: LLVM cannot vectorize the call.
+For float32 these are written as range reductions, polynomials and bit moves, which
+LLVM turns into SIMD code; they are accurate to a few ulp (tests/test_vmath.py
+measures them on dense sweeps).  float64 -- the dtype of gradient checks -- keeps
+libm, exact to the last bit.  Each function is one name with a float32 and a
+float64 body, chosen at compile time by the argument's type.
+
+Coefficients: exp's, log's and tanh's are Taylor's; erfc's were fitted here (least
+squares in a Chebyshev basis, z in [0, 10]) to ``ln(erfc(z) e^{z^2} / t)`` with
+``t = 1 / (1 + z/2)``, as a polynomial in ``s = 2.4 t - 1.4`` (small coefficients,
+so float32 Horner loses little).
+"""
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+F = np.float32
+
+
+@intrinsic
+def _bits_to_f32(typingctx, i):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+    return types.float32(i), codegen
+
+
+@intrinsic
+def _f32_to_bits(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.sext(builder.bitcast(args[0], ir.IntType(32)), ir.IntType(64))
+    return types.int64(x), codegen
+
+
+_LOG2E = F(1.4426950408889634)
+_LN2_HI = F(0.693145751953125)          # ln 2 split so that n * _LN2_HI is exact
+_LN2_LO = F(1.4286068203094173e-06)
+_EXP_MAX = F(88.72283)                  # above: +inf
+_EXP_MIN = F(-87.33654)                 # below: 0 (no subnormal results)
+
+
+@njit(cache=True, inline="always")
+def _exp32(x):
+    t = x * _LOG2E
+    n = np.floor(t + F(0.5))
+    n = min(max(n, F(-126.0)), F(127.0))
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = F(1.0 / 5040.0)
+    p = p * r + F(1.0 / 720.0)
+    p = p * r + F(1.0 / 120.0)
+    p = p * r + F(1.0 / 24.0)
+    p = p * r + F(1.0 / 6.0)
+    p = p * r + F(0.5)
+    p = p * r + F(1.0)
+    p = p * r + F(1.0)
+    y = p * _bits_to_f32((np.int64(n) + 127) << 23)
+    y = F(np.inf) if x > _EXP_MAX else y
+    y = F(0.0) if x < _EXP_MIN else y
+    return x if x != x else y             # NaN stays NaN
+
+
+_SQRT_HALF = F(0.70710678118654752)
+
+
+_TINY = F(1.1754943508222875e-38)       # smallest normal float32
+
+
+@njit(cache=True, inline="always")
+def _log32(x):
+    sub = x < _TINY                                            # subnormal: scale up by 2**23 first
+    xs = x * F(8388608.0) if sub else x
+    bits = _f32_to_bits(xs)
+    e = ((bits >> 23) & 255) - (150 if sub else 127)
+    m = _bits_to_f32((bits & 0x007FFFFF) | 0x3F800000)       # mantissa in [1, 2)
+    big = m > F(1.4142135623730951)
+    m = m * F(0.5) if big else m                              # now in [sqrt(1/2), sqrt(2))
+    e = e + 1 if big else e
+    s = (m - F(1.0)) / (m + F(1.0))                           # log m = 2 atanh s
+    s2 = s * s
+    p = F(2.0 / 11.0)
+    p = p * s2 + F(2.0 / 9.0)
+    p = p * s2 + F(2.0 / 7.0)
+    p = p * s2 + F(2.0 / 5.0)
+    p = p * s2 + F(2.0 / 3.0)
+    p = p * s2 + F(2.0)
+    fe = F(e)
+    y = fe * _LN2_HI + (s * p + fe * _LN2_LO)
+    y = F(-np.inf) if x == F(0.0) else y
+    y = F(np.nan) if x < F(0.0) else y
+    y = x if x == F(np.inf) else y
+    return x if x != x else y
+
+
+@njit(cache=True, inline="always")
+def _tanh32(x):
+    a = abs(x)
+    x2 = x * x                            # |x| < 0.4: the odd Taylor series to x^13
+    p = F(21844.0 / 6081075.0)
+    p = p * x2 + F(-1382.0 / 155925.0)
+    p = p * x2 + F(62.0 / 2835.0)
+    p = p * x2 + F(-17.0 / 315.0)
+    p = p * x2 + F(2.0 / 15.0)
+    p = p * x2 + F(-1.0 / 3.0)
+    small = x + x * x2 * p
+    big = F(1.0) - F(2.0) / (_exp32(F(2.0) * a) + F(1.0))
+    big = big if x >= F(0.0) else -big
+    return small if a < F(0.4) else big
+
+
+@njit(cache=True, inline="always")
+def _sigmoid32(x):
+    return F(1.0) / (F(1.0) + _exp32(-x))
+
+
+# erfc(z) = t e^{P(s) - z^2}, t = 1 / (1 + z/2), s = 2.4 t - 1.4 (t in [1/6, 1] -> s in [-1, 1])
+_ERFC = (-0.5585953566232306, 0.5703071245507362, 0.015745231091551893, -0.029470664104059296,
+         -0.0010468960711846765, 0.003708789350086832, -0.00027197214657507314, -0.0005362412915522385,
+         0.00012507162796855575, 5.578634637822508e-05, -2.084848010404244e-05)
+_E0, _E1, _E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10 = (F(c) for c in _ERFC)
+
+
+@njit(cache=True, inline="always")
+def _exp_half_sq32(x):
+    """exp(-x^2 / 2) to a few ulp: x^2 rounded to float32 would cost ~x^2 ulp, so x is
+    split in two halves whose square's leading part is exact."""
+    hi = _bits_to_f32(_f32_to_bits(x) & 0xFFFFF000)
+    lo = x - hi
+    return _exp32(F(-0.5) * hi * hi) * _exp32(F(-0.5) * lo * (hi + hi + lo))
+
+
+@njit(cache=True, inline="always")
+def _normal32(x):
+    """(CDF, density) of the standard normal at x: Phi = 0.5 erfc(-x / sqrt 2), with
+    erfc(z) = t e^{P(s)} e^{-z^2}, and phi = e^{-x^2/2} / sqrt(2 pi), sharing e^{-x^2/2}."""
+    t = F(1.0) / (F(1.0) + F(0.5) * (abs(x) * F(0.7071067811865476)))
+    s = F(2.4) * t - F(1.4)
+    p = _E10
+    p = p * s + _E9
+    p = p * s + _E8
+    p = p * s + _E7
+    p = p * s + _E6
+    p = p * s + _E5
+    p = p * s + _E4
+    p = p * s + _E3
+    p = p * s + _E2
+    p = p * s + _E1
+    p = p * s + _E0
+    e = _exp_half_sq32(x)
+    h = F(0.5) * t * _exp32(p) * e
+    return (h if x < F(0.0) else F(1.0) - h), e * F(0.3989422804014327)
+
+
+# ---- the dispatching names ------------------------------------------------------------------------
+def exp(x):
+    """e ** x."""
+    return math.exp(x)
+
+
+def log(x):
+    return math.log(x)
+
+
+def tanh(x):
+    return math.tanh(x)
+
+
+def sigmoid(x):
+    """1 / (1 + e^-x), overflow-free."""
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def phi_cdf(x):
+    """The standard normal CDF: 0.5 erfc(-x / sqrt 2), accurate in both tails."""
+    return 0.5 * math.erfc(-x * 0.7071067811865476)
+
+
+def phi_pdf(x):
+    """The standard normal density exp(-x^2 / 2) / sqrt(2 pi)."""
+    return math.exp(-0.5 * x * x) * 0.3989422804014327
+
+
+def normal(x):
+    """(phi_cdf(x), phi_pdf(x)) together (they share an exponential)."""
+    return phi_cdf(x), phi_pdf(x)
+
+
+@overload(exp, inline="always")
+def _ov_exp(x):
+    if x == types.float32:
+        return _exp32.py_func
+    return lambda x: math.exp(x)
+
+
+@overload(log, inline="always")
+def _ov_log(x):
+    if x == types.float32:
+        return _log32.py_func
+    return lambda x: math.log(x)
+
+
+@overload(tanh, inline="always")
+def _ov_tanh(x):
+    if x == types.float32:
+        return _tanh32.py_func
+    return lambda x: math.tanh(x)
+
+
+@overload(sigmoid, inline="always")
+def _ov_sigmoid(x):
+    if x == types.float32:
+        return _sigmoid32.py_func
+
+    def impl(x):
+        if x >= 0:
+            return 1.0 / (1.0 + math.exp(-x))
+        e = math.exp(x)
+        return e / (1.0 + e)
+    return impl
+
+
+@overload(phi_cdf, inline="always")
+def _ov_phi_cdf(x):
+    if x == types.float32:
+        return lambda x: _normal32(x)[0]
+    return lambda x: 0.5 * math.erfc(-x * 0.7071067811865476)
+
+
+@overload(phi_pdf, inline="always")
+def _ov_phi_pdf(x):
+    if x == types.float32:
+        return lambda x: _exp_half_sq32(x) * F(0.3989422804014327)
+    return lambda x: math.exp(-0.5 * x * x) * 0.3989422804014327
+
+
+@overload(normal, inline="always")
+def _ov_normal(x):
+    if x == types.float32:
+        return _normal32.py_func
+    return lambda x: (0.5 * math.erfc(-x * 0.7071067811865476), math.exp(-0.5 * x * x) * 0.3989422804014327)
+
+
+def like(a, c):
+    """The number c in a's float type, so float32 arithmetic stays float32."""
+    return c
+
+
+@overload(like, inline="always")
+def _ov_like(a, c):
+    if a == types.float32:
+        return lambda a, c: np.float32(c)
+    return lambda a, c: np.float64(c)
+
+
+def in_dtype_of(arr, c):
+    """The number c in the element type of array ``arr``."""
+    return c
+
+
+@overload(in_dtype_of, inline="always")
+def _ov_in_dtype_of(arr, c):
+    if arr.dtype == types.float32:
+        return lambda arr, c: np.float32(c)
+    return lambda arr, c: np.float64(c)
+
+
+# ---- reductions of contiguous runs ---------------------------------------------------------------
+# Eight running partials in a fixed order: deterministic, and LLVM keeps them in one
+# vector register (it never reorders a single float sum by itself).  They take the run
+# as a slice and index it from 0: an index LLVM cannot prove non-negative carries
+# Numba's wraparound test, which keeps a loop from vectorizing.
+@njit(cache=True, error_model="numpy", inline="always")
+def sum8(x):
+    z = in_dtype_of(x, 0.0)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    m = x.size
+    j = 0
+    while j + 8 <= m:
+        s0 += x[j]
+        s1 += x[j + 1]
+        s2 += x[j + 2]
+        s3 += x[j + 3]
+        s4 += x[j + 4]
+        s5 += x[j + 5]
+        s6 += x[j + 6]
+        s7 += x[j + 7]
+        j += 8
+    while j < m:
+        s0 += x[j]
+        j += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def dot8(x, y):
+    """sum of x[j] * y[j]."""
+    z = in_dtype_of(x, 0.0)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    m = x.size
+    j = 0
+    while j + 8 <= m:
+        s0 += x[j] * y[j]
+        s1 += x[j + 1] * y[j + 1]
+        s2 += x[j + 2] * y[j + 2]
+        s3 += x[j + 3] * y[j + 3]
+        s4 += x[j + 4] * y[j + 4]
+        s5 += x[j + 5] * y[j + 5]
+        s6 += x[j + 6] * y[j + 6]
+        s7 += x[j + 7] * y[j + 7]
+        j += 8
+    while j < m:
+        s0 += x[j] * y[j]
+        j += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def sqdev8(x, mu):
+    """sum of (x[j] - mu)^2."""
+    z = in_dtype_of(x, 0.0)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    m = x.size
+    j = 0
+    while j + 8 <= m:
+        d0 = x[j] - mu
+        d1 = x[j + 1] - mu
+        d2 = x[j + 2] - mu
+        d3 = x[j + 3] - mu
+        d4 = x[j + 4] - mu
+        d5 = x[j + 5] - mu
+        d6 = x[j + 6] - mu
+        d7 = x[j + 7] - mu
+        s0 += d0 * d0
+        s1 += d1 * d1
+        s2 += d2 * d2
+        s3 += d3 * d3
+        s4 += d4 * d4
+        s5 += d5 * d5
+        s6 += d6 * d6
+        s7 += d7 * d7
+        j += 8
+    while j < m:
+        d = x[j] - mu
+        s0 += d * d
+        j += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def dotdev8(g, x, mu):
+    """sum of g[j] * (x[j] - mu)."""
+    z = in_dtype_of(x, 0.0)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    m = x.size
+    j = 0
+    while j + 8 <= m:
+        s0 += g[j] * (x[j] - mu)
+        s1 += g[j + 1] * (x[j + 1] - mu)
+        s2 += g[j + 2] * (x[j + 2] - mu)
+        s3 += g[j + 3] * (x[j + 3] - mu)
+        s4 += g[j + 4] * (x[j + 4] - mu)
+        s5 += g[j + 5] * (x[j + 5] - mu)
+        s6 += g[j + 6] * (x[j + 6] - mu)
+        s7 += g[j + 7] * (x[j + 7] - mu)
+        j += 8
+    while j < m:
+        s0 += g[j] * (x[j] - mu)
+        j += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def max8(x):
+    """max of x; NaN if any element is NaN."""
+    lo = in_dtype_of(x, -np.inf)
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = lo
+    m = x.size
+    j = 0
+    while j + 8 <= m:
+        m0 = max(m0, x[j])
+        m1 = max(m1, x[j + 1])
+        m2 = max(m2, x[j + 2])
+        m3 = max(m3, x[j + 3])
+        m4 = max(m4, x[j + 4])
+        m5 = max(m5, x[j + 5])
+        m6 = max(m6, x[j + 6])
+        m7 = max(m7, x[j + 7])
+        j += 8
+    while j < m:
+        m0 = max(m0, x[j])
+        j += 1
+    nan = False
+    for k in range(m):
+        nan = nan or x[k] != x[k]
+    r = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    return in_dtype_of(x, np.nan) if nan else r
