@@ -50,11 +50,14 @@ def runners(dtype, codes):
     dtype = np.dtype(dtype)
     table = _runner_tables.get(dtype.name)
     if table is None or table.size < registry.n_codes():
-        table = np.full(registry.n_codes(), MISSING, np.int64)
-        for op in registry.OPS.values():
-            if op.runner is None:
-                table[op.code] = SKIP
-        _runner_tables[dtype.name] = table
+        with _lock:
+            table = _runner_tables.get(dtype.name)
+            if table is None or table.size < registry.n_codes():
+                table = np.full(registry.n_codes(), MISSING, np.int64)
+                for op in registry.OPS.values():
+                    if op.runner is None:
+                        table[op.code] = SKIP
+                _runner_tables[dtype.name] = table
     todo = [int(c) for c in np.unique(codes) if table[c] == MISSING]
     if todo:
         with _lock:

@@ -6,6 +6,7 @@ handle ``(graph, node id)``; ops are plain functions in ``jitgraph.ops``, and a
 Tensor's operators call them through the op table.
 """
 import numbers
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -77,7 +78,8 @@ class Graph:
         self._ids_by_name: Dict[str, int] = {}
         self._store = np.zeros(0, self.dtype)  # values of params and consts, packed
         self._packed = 0                         # elements of _store in use
-        self._pending: List[np.ndarray] = []                       # values added since the last packing
+        self._pending: List[np.ndarray] = []
+        self._store_lock = threading.Lock()                       # values added since the last packing
         self.store_used = 0                      # elements of the store, pending included
         self.params: List[int] = []          # param node ids, in creation order
         self._segment_depth = 0   # > 0 while jg.checkpoint builds a segment
@@ -154,9 +156,11 @@ class Graph:
         time the store is needed, so adding 10k params costs 10k small copies, not
         a doubling array's repeated reallocation."""
         if self._pending:
-            self._store = np.concatenate([self._store[: self._packed]] + self._pending)
-            self._packed = self._store.size
-            self._pending = []
+            with self._store_lock:              # programs may run from several threads
+                if self._pending:
+                    self._store = np.concatenate([self._store[: self._packed]] + self._pending)
+                    self._packed = self._store.size
+                    self._pending = []
         return self._store
 
     def _store_add(self, arr):

@@ -9,6 +9,7 @@ gradients of the backward run that last computed each param's gradient
 (``W.grad``); params without one are skipped, as in PyTorch.
 """
 import math
+from contextlib import ExitStack
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -95,6 +96,7 @@ class Optimizer:
         self.n_state = int(sizes.sum())
         self.step_count = 0
         self.last_grad_norm: Optional[float] = None
+        self._programs: list = []
         self._cache = None
 
     def _groups(self):
@@ -124,16 +126,25 @@ class Optimizer:
             rows = groups.setdefault(id(program), (program, []))[1]
             rows.append((int(store_off[p.id, 0]), int(program.off[n]) if n >= 0 else -1, k))
         out = []
+        self._programs = sorted((program for program, _ in groups.values()), key=id)
         for program, rows in groups.values():
             a = np.array(rows, np.int64)
             out.append((program.mem, a[:, 0].copy(), a[:, 1].copy(), self._sizes[a[:, 2]], self._s_off[a[:, 2]]))
         return out
 
     def step(self) -> None:
-        """Update every param from its current gradient (W.grad)."""
+        """Update every param from its current gradient (W.grad).  Holds the lock of each
+        backward program whose gradients it reads, so no run of theirs changes them
+        meanwhile (take ``bwd.lock`` yourself around run + step to pair them)."""
         groups = self._groups()
         if not groups:
             raise GraphError(f"{self.kind}.step: none of the params has a gradient yet; run a backward graph first")
+        with ExitStack() as held:
+            for program in self._programs:             # in a fixed order: two optimizers never deadlock
+                held.enter_context(program.lock)
+            self._step(groups)
+
+    def _step(self, groups):
         scale = 1.0
         if self.clip_norm is not None:
             sq = sum(_grad_sq_norm(mem, g_off, sizes) for mem, _, g_off, sizes, _ in groups)

@@ -4,6 +4,7 @@
 (autodiff.py) returns a BackwardGraph, a Program whose order also holds the
 gradient nodes.
 """
+import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -83,7 +84,9 @@ class Program:
         self.arena_elems = int(arena_elems)
         self.io_elems = int(io_elems)
         self.n_in_place = int(n_in_place)
-        self._mem: Optional[np.ndarray] = None          # run buffer [arena | io], allocated by the first run
+        self._mem: Optional[np.ndarray] = None          # run buffer [arena | io] of the last finished run
+        self._spare: List[np.ndarray] = []               # run buffers free for the next concurrent runs
+        self.lock = threading.RLock()                    # guards the buffers (and a backward program's grads)
         in_order = (nodes.flags[self.order] & F_INPUT) != 0
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
@@ -147,7 +150,7 @@ class Program:
             return g.tensor(key).id
         raise GraphError(f"feed key {key!r} must be a Tensor or a tensor name")
 
-    def _bind(self, feeds):
+    def _bind(self, feeds, mem):
         g = self.graph
         if feeds is None:
             feeds = {}
@@ -164,9 +167,9 @@ class Program:
         for n in self.inputs:
             if n not in given:
                 raise GraphError(f"missing feed for input {g.label(n)!r} of shape {g.shape_of(n)}")
-            self._write_input(n, given[n])
+            self._write_input(n, given[n], mem)
 
-    def _write_input(self, n, value):
+    def _write_input(self, n, value, mem):
         g = self.graph
         label = g.label(n)
         arr = as_numeric_array(value, f"feed for {label!r}")
@@ -179,17 +182,30 @@ class Program:
         elif not np.can_cast(arr.dtype, g.dtype, "same_kind"):
             raise GraphError(f"feed for {label!r}: dtype {arr.dtype} cannot be cast to the graph's {g.dtype}")
         o = int(self.off[n])
-        self.mem[o:o + arr.size] = arr.reshape(-1)
+        mem[o:o + arr.size] = arr.reshape(-1)
 
     @property
     def mem(self) -> np.ndarray:
-        """The run buffer: the arena (peak_bytes) followed by the io slots."""
+        """The run buffer of the last finished run: the arena (peak_bytes), then the io slots."""
         if self._mem is None:
-            self._mem = np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
+            self._mem = self._new_buffer()
         return self._mem
 
-    def _execute(self, feeds, debug=False, seed=None):
-        self._bind(feeds)
+    def _new_buffer(self):
+        return np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
+
+    def _take_buffer(self):
+        """A run buffer of its own for one call: runs from several threads never share one."""
+        with self.lock:
+            return self._spare.pop() if self._spare else self._new_buffer()
+
+    def _give_buffer(self, mem):
+        with self.lock:
+            self._spare.append(mem)
+
+    def _execute(self, feeds, debug=False, seed=None, mem=None):
+        mem = self.mem if mem is None else mem
+        self._bind(feeds, mem)
         g = self.graph
         salt = _salt(seed)
         runners = compiler.runners(g.dtype, g.nodes.op[self.order])
@@ -197,14 +213,14 @@ class Program:
         split = table("split")
         enter_run()
         if debug:
-            status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, self.mem,
-                                                   g.store, salt, runners, natives, split, self.arena_elems,
-                                                   self._free_at, self._free_off, self._free_size)
+            status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
+                                                   salt, runners, natives, split, self.arena_elems, self._free_at,
+                                                   self._free_off, self._free_size)
         else:
-            status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, self.mem, g.store,
-                                             salt, runners, natives, split)
+            status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store, salt,
+                                             runners, natives, split)
         if status:
-            raise self._run_error(int(status), int(node), int(detail))
+            raise self._run_error(int(status), int(node), int(detail), mem)
 
     def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
         """Where a run's time goes, by op: every node is run alone (in order, ``repeats``
@@ -212,7 +228,7 @@ class Program:
         op and phase (forward, backward, recomputed).  Rows, slowest first: op, phase,
         nodes, seconds, share of the total, elements and ns per element.  A diagnostic:
         its Python loop over nodes makes it slower than ``run``."""
-        self._bind(feeds)
+        self._bind(feeds, self.mem)
         g = self.graph
         nodes = g.nodes
         G = nodes.arrays()
@@ -241,12 +257,12 @@ class Program:
                  "ns_per_element": 1e9 * sec / max(el, 1)} for (op, phase), (c, sec, el) in groups.items()]
         return sorted(rows, key=lambda r: -r["seconds"])
 
-    def _run_error(self, status, node, detail):
+    def _run_error(self, status, node, detail, mem):
         g = self.graph
         label = g.label(node)
         if status == ERR_INDEX:
             idx = int(g.nodes.src[node, 1])
-            value = self.value_of(idx).reshape(-1)[detail]
+            value = self.value_of(idx, mem).reshape(-1)[detail]
             rows = int(g.nodes.shape[node, 2] if OPS[int(g.nodes.op[node])].name == "scatter_add"
                        else g.nodes.shape[int(g.nodes.src[node, 0]), 2])
             return GraphError(f"{OPS[int(g.nodes.op[node])].name} {label!r}: index {value:g} at position "
@@ -255,13 +271,14 @@ class Program:
             return GraphError(f"node {label!r}: opcode {detail} has no compiled runner")
         return GraphError(f"run failed at node {label!r} (status {status})")
 
-    def value_of(self, n: int) -> np.ndarray:
-        """The data of node n after a run (a copy, shaped)."""
+    def value_of(self, n: int, mem: Optional[np.ndarray] = None) -> np.ndarray:
+        """The data of node n after a run (a copy, shaped): of the last finished run, or of
+        run buffer ``mem``."""
         g = self.graph
         size = int(np.prod(g.shape_of(n), dtype=np.int64))
         o = int(self.off[n])
         k = int(self.loc[n])
-        buf = g.store if k == LOC_STORE else self.mem
+        buf = g.store if k == LOC_STORE else (self.mem if mem is None else mem)
         return buf[o:o + size].reshape(g.shape_of(n)).copy()
 
     def run(self, feeds: Optional[Feeds] = None, debug: bool = False, seed: Optional[int] = None) -> Any:
@@ -271,8 +288,13 @@ class Program:
         number while training for fresh masks each step.  ``debug=True`` fills the
         arena with NaN first and every block with NaN as soon as the plan frees it:
         results that match a normal run prove no node read memory after it was freed."""
-        self._execute(feeds, debug, seed)
-        vals = [self.value_of(t.id) for t in self.outputs]
+        mem = self._take_buffer()
+        try:
+            self._execute(feeds, debug, seed, mem)
+            vals = [self.value_of(t.id, mem) for t in self.outputs]
+        finally:
+            self._give_buffer(mem)
+        self._mem = mem
         return vals[0] if self._single else vals
 
     # ---- looking at it ---------------------------------------------------------------------
@@ -422,10 +444,11 @@ class BackwardGraph(Program):
     def _grad_value(self, i):
         p, n = self.params[i], self.grad_nodes[i]
         shape = self.graph.shape_of(p)
-        if n < 0:
-            extra = self._zero_grad_extra.get(p)
-            return np.zeros(shape, self.graph.dtype) if extra is None else extra.copy()
-        return self.value_of(n).reshape(shape)
+        with self.lock:
+            if n < 0:
+                extra = self._zero_grad_extra.get(p)
+                return np.zeros(shape, self.graph.dtype) if extra is None else extra.copy()
+            return self.value_of(n).reshape(shape)
 
     def grad_tensor(self, param: Tensor) -> Tensor:
         """The gradient of ``param`` as a Tensor, to build on (gradient penalties,
@@ -440,7 +463,16 @@ class BackwardGraph(Program):
             seed: Optional[int] = None) -> np.ndarray:
         """Forward and backward.  Returns the loss; gradients are fresh, or added to
         the current ``W.grad`` values with ``accumulate=True``.  ``seed``, ``debug``:
-        see Program.run."""
+        see Program.run.
+
+        The gradients are this program's state, so runs of one backward program are
+        serialized by ``self.lock``; to read the gradients of *your* run while other
+        threads run the same program, hold the lock around both:
+        ``with bwd.lock: bwd.run(feeds); g = W.grad``."""
+        with self.lock:
+            return self._run_locked(feeds, accumulate, debug, seed)
+
+    def _run_locked(self, feeds, accumulate, debug, seed):
         g = self.graph
         if not accumulate:
             self._execute(feeds, debug, seed)
