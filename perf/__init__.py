@@ -1,5 +1,6 @@
 """jitgraph's benchmark harness (harness.py, environment.py, report.py) and its workloads
-(suite.py: a-f; bench_*.py: the named scripts), registered in run.py.
+(suite.py: a-g and k, with compile_time.py, gpt.py and concurrency.py; bench_*.py:
+the named scripts), registered in run.py.
 
 In a checkout this is the folder perf/; the wheel ships it as the subpackage
 ``jitgraph._perf`` (pyproject.toml maps it), which ``jitgraph bench`` imports.  The

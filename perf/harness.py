@@ -10,8 +10,10 @@ in each of ``--repeats`` (>= 5) repeats, the contenders take turns (the order fl
 every repeat), each making one untimed call and then timing enough back-to-back calls to
 last ``min_sample_s`` (0.2 s; 5 ms with --quick).  A figure is the median over the
 repeats; a ratio is taken per repeat and then its median.  All contenders share one
-thread count (``--threads``): torch through ``torch.set_num_threads``, every BLAS and
-OpenMP pool through threadpoolctl.
+thread count (``--threads``): torch through ``torch.set_num_threads``, jitgraph's kernels
+through ``jg.set_num_threads``, every BLAS and OpenMP pool through threadpoolctl.  A
+workload that compares thread counts runs its figures inside ``threads(ctx, n)``, which
+sets all three to n for the block (``timed_by_threads``: one table per count).
 
 Results go to ``--out DIR`` (default ``perf/results/<timestamp>/`` in a checkout, else
 ``./jitgraph-bench-results/<timestamp>/``): ``results.json``, ``results.md`` and PNG plots.
@@ -24,11 +26,13 @@ import shlex
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import scipy.linalg  # noqa: F401  -- loads scipy's BLAS (jitgraph's matmul) so the thread limits reach it
+
+import jitgraph as jg
 
 from . import environment, report
 
@@ -54,10 +58,11 @@ class Ctx:
 class Target:
     """A figure the issue asks for, reported as met or missed (never asserted).
     ``measure(result)`` returns (measured value or None, note or None); a ``what``
-    ending in "(s)" is in seconds."""
+    ending in "(s)" is in seconds.  Met is measured <= limit, or >= with ``at_least``."""
     what: str
     limit: float
     measure: Callable[[dict], tuple]
+    at_least: bool = False
 
 
 @dataclass
@@ -129,6 +134,78 @@ def summarize(samples, calls, ref="jitgraph", ref_over=True):
 def timed(ctx, fns, ref="jitgraph", ref_over=True):
     """``interleaved`` then ``summarize``."""
     return summarize(*interleaved(ctx, fns), ref=ref, ref_over=ref_over)
+
+
+# ---- thread counts ----------------------------------------------------------------------------
+
+def blas_limits(n):
+    """threadpoolctl's limit of every BLAS and OpenMP pool to n (a context manager that
+    restores them), or a no-op without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=n)
+
+
+def set_jg_threads(n):
+    """jg.set_num_threads(n), or all the cores Numba may use where n is more; returns
+    the count set."""
+    try:
+        return jg.set_num_threads(n)
+    except jg.GraphError:
+        return jg.set_num_threads()
+
+
+@contextmanager
+def threads(ctx, n):
+    """Every contender on n threads inside the block: torch, jitgraph's kernels and
+    numpy's BLAS; the run's count (ctx.threads) again after it."""
+    limits = blas_limits(n)   # taken first: its exit restores the pools as they were before the block
+    with limits:
+        jg.set_num_threads(n)     # its kernels' count (it sets the BLAS pools to n as well)
+        if ctx.torch is not None:
+            ctx.torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            if ctx.torch is not None:
+                ctx.torch.set_num_threads(ctx.threads)
+            set_jg_threads(ctx.threads)   # as run() set it; then the limits' exit restores the pools
+
+
+def thread_counts(counts):
+    """(the counts this machine can run, the ones above os.cpu_count()): those would
+    time threads queuing for cores, not a contender."""
+    cores = os.cpu_count() or 1
+    return [n for n in counts if n <= cores], [n for n in counts if n > cores]
+
+
+def timed_by_threads(ctx, fns, counts, ref="jitgraph", extras=None):
+    """``timed`` inside ``threads(ctx, n)`` for each count: {"by_threads": [{"threads": n,
+    "timing": ...}], "skipped_threads": [...]}.  ``extras`` ({name: callable}) run once
+    per count after its timing, on its threads; each result is kept under its name."""
+    run, skipped = thread_counts(counts)
+    out = {"by_threads": [], "skipped_threads": skipped, "cpu_count": os.cpu_count()}
+    for n in run:
+        ctx.note(f"{n} thread{'s' if n > 1 else ''}")
+        with threads(ctx, n):
+            entry = {"threads": n, "timing": timed(ctx, fns, ref=ref)}
+            for name, fn in (extras or {}).items():
+                entry[name] = fn()
+        out["by_threads"].append(entry)
+    return out
+
+
+def ratio_at(n, key="jitgraph/torch"):
+    """A Target measure: the median ratio ``key`` at n threads of a ``timed_by_threads`` result."""
+    def measure(res):
+        if n in res["skipped_threads"]:
+            return None, f"skipped: {n} threads > os.cpu_count() = {res['cpu_count']}"
+        entry = next(e for e in res["by_threads"] if e["threads"] == n)
+        ratio = entry["timing"]["ratios"].get(key)
+        return (None, "torch not available") if ratio is None else (ratio["median"], None)
+    return measure
 
 
 def minor_faults():
@@ -239,31 +316,37 @@ def run(args, workloads, default=None, prog="jitgraph bench"):
     registry = {w.key: w for w in workloads}
     keys = selected(args.only, registry, default or list(registry), prog)
     repeats = max(MIN_REPEATS, args.repeats or (5 if args.quick else 7))
-    threads = args.threads or os.cpu_count() or 1
+    count = args.threads or os.cpu_count() or 1    # not `threads`: that is the context manager
     out = os.path.abspath(args.out or default_out())
     os.makedirs(out, exist_ok=True)
 
     torch = load_torch(args.no_torch)
-    try:
-        from threadpoolctl import threadpool_limits
-        limits = threadpool_limits(limits=threads)
-    except ImportError:
-        limits = nullcontext()
-    if torch is not None:
-        torch.set_num_threads(threads)
-
-    set_vars = [v for v in environment.OPENBLAS_VARS if os.environ.get(v)]
     progress = Progress(len(keys), args.no_progress)
+    jg_threads = set_jg_threads(count)     # before the limits: it limits the BLAS pools too
+    if jg_threads != count:
+        progress.write(f"note: jitgraph runs on {jg_threads} threads, all Numba may use ({count} asked)")
+    limits = blas_limits(count)
+    if torch is not None:
+        torch.set_num_threads(count)
+
+    load = environment.load_average()
+    if load and load[0] >= 1:
+        # a busy core makes a BLAS or OpenMP pool wait for it: 2-thread figures on a
+        # 2-core machine with one core busy come out 10-100x slow
+        progress.write(f"note: load average {load[0]:.2f} before the run: other processes are busy; figures on "
+                       f"more threads than idle cores will be slow and noisy")
+    set_vars = [v for v in environment.OPENBLAS_VARS if os.environ.get(v)]
     if set_vars:
         progress.write(f"note: {', '.join(set_vars)} set; they may slow OpenBLAS.  For a benchmark run "
                        f"`env {' '.join('-u ' + v for v in set_vars)} {prog} ...`")
-    ctx = Ctx(quick=args.quick, repeats=repeats, min_sample_s=0.005 if args.quick else 0.2, threads=threads,
+    ctx = Ctx(quick=args.quick, repeats=repeats, min_sample_s=0.005 if args.quick else 0.2, threads=count,
               torch=torch, note=progress.note)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t0 = time.perf_counter()
     results = {}
     with limits:
-        env = environment.probe(torch, threads)   # inside the limits: records the thread counts in force
+        env = environment.probe(torch, count)   # inside the limits: records the thread counts in force
+        env["jitgraph_threads"] = jg_threads
         for key in keys:
             progress.start(key)
             results[key] = registry[key].run(ctx)

@@ -44,6 +44,17 @@ def md_timing(timing, ref, ref_over=True):
                      f"{head} (median of per-repeat ratios)", "ratio min - max"], rows)
 
 
+def md_by_threads(res, ref="jitgraph"):
+    """The tables of a ``harness.timed_by_threads`` result, one per thread count."""
+    L = []
+    for entry in res["by_threads"]:
+        n = entry["threads"]
+        L += [f"At {n} thread{'s' if n > 1 else ''} (every contender):", ""] + md_timing(entry["timing"], ref) + [""]
+    for n in res["skipped_threads"]:
+        L += [f"{n} threads: skipped, more than os.cpu_count() = {res['cpu_count']}.", ""]
+    return L[:-1]
+
+
 # ---- targets ------------------------------------------------------------------------------------
 
 def targets(workloads, results):
@@ -58,19 +69,22 @@ def targets(workloads, results):
                 row["measured"], note = t.measure(results[w.key])
                 if note:
                     row["note"] = note
+            if t.at_least:
+                row["at_least"] = True
             if row["measured"] is not None:
-                row["met"] = row["measured"] <= t.limit
+                row["met"] = row["measured"] >= t.limit if t.at_least else row["measured"] <= t.limit
                 if not row["met"]:
-                    pct = 100 * (row["measured"] / t.limit - 1)
+                    pct = 100 * abs(row["measured"] / t.limit - 1)
                     row["note"] = f"by {pct:.{1 if pct < 10 else 0}f}% ({row['measured'] / t.limit:.3g}x the target)"
             rows.append(row)
     return rows
 
 
 def fmt_target(row):
+    sign = ">=" if row.get("at_least") else "<="
     if row["what"].endswith("(s)"):
-        return f"<= {fmt_s(row['limit'])}", fmt_s(row["measured"])
-    return f"<= {row['limit']:g}", "-" if row["measured"] is None else f"{row['measured']:.3g}"
+        return f"{sign} {fmt_s(row['limit'])}", fmt_s(row["measured"])
+    return f"{sign} {row['limit']:g}", "-" if row["measured"] is None else f"{row['measured']:.3g}"
 
 
 def md_targets(rows):
@@ -140,6 +154,16 @@ class Plots:
         ax.margins(x=0.25)
         ax.set_title(title, fontsize=8)
         self.save(fig, name)
+
+    def by_threads(self, name, title, res, xlabel="median time per fwd+bwd (s)"):
+        """Bars of every contender at every thread count of a ``harness.timed_by_threads`` result."""
+        labels, values = [], []
+        for entry in res["by_threads"]:
+            for contender, c in entry["timing"]["contenders"].items():
+                labels.append(f"{CONTENDER_LABEL.get(contender, contender)}, {entry['threads']} thr")
+                values.append(c["median_s"])
+        if values:
+            self.bars(name, title, labels, values, xlabel)
 
     def timing(self, name, title, timing, xlabel="median time per fwd+bwd (s)"):
         """Bars of a ``harness.summarize`` result's medians."""

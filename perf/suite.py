@@ -2,14 +2,18 @@
 
   a  tiny-op chain: 10k ops on 16-element float32 tensors, fwd+bwd (interpreter overhead)
   b  MLP chain x -> relu(h @ W_i), i = 1..1000 -> mean, B = D = 64, fwd+bwd
-  c  MLP chain, 16 layers, B = 64, d = 1024, fwd+bwd (BLAS bound)
+  c  MLP chain, 16 layers, B = 64, d = 1024, fwd+bwd (BLAS bound), at 1 and 2 threads
   d  forward build from Python + backward expansion of a 10k-layer chain (build phases)
   e  gradient checkpointing on a deep chain: planned peak and time (none / sqrt / 25% budget)
   f  cold compile (empty Numba cache, new process) and warm first run (second process):
      compile_time.py
+  g  char-level GPT, 6 layers, d = 192, T = 128, B = 8, fwd+bwd against PyTorch eager, at
+     1 and 2 threads, with jitgraph's per-op profile: gpt.py
+  k  inference from Python threads: one ForwardGraph run by 1, then 2 Python threads at
+     once: concurrency.py
 
 a, b, c and e time jitgraph against numpy eager (a hand-written backward) and PyTorch
-eager, and check that loss and one gradient agree with each.
+eager, and check that loss and one gradient agree with each; c at 1 and at 2 threads.
 """
 import gc
 import math
@@ -20,47 +24,17 @@ import numpy as np
 
 import jitgraph as jg
 
-from . import compile_time
-from .harness import Target, Workload, interleaved, summarize, timed
+from . import compile_time, concurrency, gpt
+from .agreement import agreement, md_agreement
+from .harness import Target, Workload, interleaved, ratio_at, summarize, timed, timed_by_threads
 from .models import build_phases, chain_weights, jg_chain, np_chain, torch_chain
-from .report import fmt_s, md_table, md_timing
+from .report import fmt_s, md_by_threads, md_table, md_timing
 
-TOL = 1e-3                  # agreement: max|diff| / max|reference|, fit for float32 over deep chains
 WIDTH_A = 16
+THREADS_C = (1, 2)          # (c) is timed at each, every contender on the same count
 
 
-# ---- agreement -------------------------------------------------------------------------------
-
-def agree(got, ref, tol=TOL):
-    """Does ``got`` match ``ref`` within ``tol`` of ref's largest magnitude?"""
-    got = np.asarray(got, np.float64)
-    ref = np.asarray(ref, np.float64)
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    diff = float(np.max(np.abs(got - ref))) / scale if scale > 0 else float("inf")
-    finite = bool(np.all(np.isfinite(got)) and np.all(np.isfinite(ref)))
-    return {"ok": finite and diff <= tol, "max_diff_over_scale": diff, "scale": scale}
-
-
-def agreement(jg_loss, jg_grad, refs, grad_of):
-    """Loss and one gradient of jitgraph against each reference {name: (loss, grad)}."""
-    out = {"tolerance": TOL, "grad_of": grad_of}
-    for name, (loss, grad) in refs.items():
-        a, b = agree(jg_loss, loss), agree(jg_grad, grad)
-        out[name] = {"ok": a["ok"] and b["ok"], "loss": a, "grad": b,
-                     "loss_values": [float(jg_loss), float(loss)]}
-    return out
-
-
-def md_agreement(a):
-    parts = []
-    for name in ("numpy", "torch"):
-        r = a.get(name)
-        if r is not None:
-            parts.append(f"{name}: {'yes' if r['ok'] else 'NO'} (loss {r['loss']['max_diff_over_scale']:.1e}, "
-                         f"{a['grad_of']} grad {r['grad']['max_diff_over_scale']:.1e})")
-    return (f"Agreement with jitgraph (loss and the {a['grad_of']} gradient, max|diff| / max|ref| <= "
-            f"{a['tolerance']:g}): " + "; ".join(parts) + ".")
-
+# ---- shared pieces ----------------------------------------------------------------------------
 
 def chain_refs(ctx, weights, xb):
     """numpy and torch contenders of the chain: ({name: run}, {name: (loss, W_1 grad)})."""
@@ -166,7 +140,8 @@ def wl_a(ctx):
 
 # ---- (b), (c) MLP chains ----------------------------------------------------------------------
 
-def mlp_workload(ctx, key, n, d, b):
+def mlp_workload(ctx, key, n, d, b, thread_counts=None):
+    """(b), (c): at the run's thread count, or (``thread_counts``) at each of them."""
     rng = np.random.default_rng(1)
     xb = rng.standard_normal((b, d)).astype(np.float32)
     weights = chain_weights(n, d, xb, rng)
@@ -181,7 +156,28 @@ def mlp_workload(ctx, key, n, d, b):
                       "matmul_gflop": flops / 1e9},
             "what": "jitgraph: bwd.run; numpy: eager forward plus a hand-written backward; torch: eager "
                     "forward, loss.backward() (grads set to None first)"}
-    return timed_workload(ctx, fns, refs, jg_loss, jg_grad, "W_1", meta)
+    if thread_counts is None:
+        return timed_workload(ctx, fns, refs, jg_loss, jg_grad, "W_1", meta)
+    res = timed_by_threads(ctx, fns, thread_counts, extras={"loss": lambda: float(run())})
+    res.update(meta)
+    res["what"] += f"; every contender timed at {' and '.join(map(str, thread_counts))} threads"
+    res["agreement"] = agreement(jg_loss, jg_grad, refs, "W_1")
+    # jitgraph's kernels promise the same bits at any thread count
+    res["same_loss_every_thread_count"] = all(e["loss"] == jg_loss for e in res["by_threads"])
+    return res
+
+
+def md_by_threads_workload(res):
+    """Section of c: a timing table per thread count, the agreement and the sizes."""
+    sizes = (f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.3g}" for k, v in res["sizes"].items())
+    same = "yes" if res["same_loss_every_thread_count"] else "NO"
+    return md_by_threads(res) + ["", md_agreement(res["agreement"])
+                                 + f"  jitgraph's loss is the same at every thread count: {same}.",
+                                 f"Sizes: {', '.join(sizes)}."]
+
+
+def plot_by_threads(res, plots, key):
+    plots.by_threads(f"{key}.png", res["title"], res)
 
 
 def wl_b(ctx):
@@ -189,7 +185,7 @@ def wl_b(ctx):
 
 
 def wl_c(ctx):
-    return mlp_workload(ctx, "c", 2 if ctx.quick else 16, 128 if ctx.quick else 1024, 64)
+    return mlp_workload(ctx, "c", 2 if ctx.quick else 16, 128 if ctx.quick else 1024, 64, THREADS_C)
 
 
 # ---- (d) build phases ---------------------------------------------------------------------------
@@ -328,10 +324,14 @@ WORKLOADS = [
     Workload("a", "tiny-op chain, fwd+bwd", wl_a, md_timed, plot_timed, (Target("jitgraph / torch", 0.02, torch_ratio),)),
     Workload("b", "MLP chain, 1000 layers, D = 64", wl_b, md_timed, plot_timed,
              (Target("jitgraph / torch", 1.0, torch_ratio),)),
-    Workload("c", "MLP chain, 16 layers, d = 1024", wl_c, md_timed, plot_timed,
-             (Target("jitgraph / torch", 1.1, torch_ratio),)),
+    Workload("c", "MLP chain, 16 layers, d = 1024, at 1 and 2 threads", wl_c, md_by_threads_workload,
+             plot_by_threads,
+             tuple(Target(f"jitgraph / torch at {n} thread{'s' if n > 1 else ''}", 1.0, ratio_at(n))
+                   for n in THREADS_C)),
     Workload("d", "build phases of a 10k-layer chain", wl_d, md_d, plot_d,
              (Target("forward build + backward expansion (s)", 0.070, lambda r: (r["median_s"]["total"], None)),)),
     Workload("e", "checkpointing strategies on a deep chain", wl_e, md_e, plot_e),
     compile_time.WORKLOAD,
+    gpt.WORKLOAD,
+    concurrency.WORKLOAD,
 ]

@@ -62,7 +62,7 @@ def check_common(report, md, out):
     d = report["results"]["d"]
     assert {"params", "ops", "build_forward", "build_backward", "total"} <= set(d["median_s"])
 
-    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "d", "f", "f"]
+    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "g", "g", "k"]
     assert "## Targets" in md and "(a) tiny-op chain" in md and "## Environment" in md
     assert (out / "a.png").stat().st_size > 0 and (out / "d.png").stat().st_size > 0
 
@@ -91,11 +91,47 @@ def test_bench_quick_uses_torch_exactly_when_installed(tmp_path):
 
 
 def test_suite_registers_every_script():
-    """`jitgraph bench --only <name>` reaches each perf/bench_*.py workload; a-f stay the default."""
+    """`jitgraph bench --only <name>` reaches each perf/bench_*.py workload; the lettered ones are the default."""
     perf_package()
     run = importlib.import_module("jitgraph._perf.run")
-    assert [w.key for w in run.WORKLOADS] == list("abcdef") + list(SCRIPTS)
-    assert run.DEFAULT == list("abcdef")
+    assert [w.key for w in run.WORKLOADS] == list("abcdefgk") + list(SCRIPTS)
+    assert run.DEFAULT == list("abcdefgk")
+
+
+def test_bench_quick_gpt_and_python_threads(tmp_path):
+    """(g) times the GPT at 1 and 2 threads (those the machine has) with a profile at each;
+    (k) runs one ForwardGraph from 1 and 2 Python threads and counts wrong results."""
+    code = ("import sys\nfrom jitgraph.cli import main\n"
+            f"sys.exit(main(['bench', '--quick', '--only', 'g,k', '--out', {str(tmp_path)!r}, '--no-progress']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=checkout_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report, md = read_results(tmp_path)
+    cores = os.cpu_count() or 1
+    torch = importlib.util.find_spec("torch") is not None
+
+    g = report["results"]["g"]
+    assert [e["threads"] for e in g["by_threads"]] == [n for n in (1, 2) if n <= cores]
+    assert g["skipped_threads"] == [n for n in (1, 2) if n > cores]
+    for e in g["by_threads"]:
+        assert ("torch" in e["timing"]["contenders"]) == torch
+        assert e["profile"] and {"op", "phase", "nodes", "seconds", "share"} <= set(e["profile"][0])
+    assert g["same_loss_every_thread_count"]
+    if torch:
+        assert g["agreement"]["torch"]["ok"]
+    assert "| op | phase | nodes | 1 thr: time |" in md
+    g_targets = [t for t in report["targets"] if t["workload"] == "g"]
+    assert [t["what"] for t in g_targets] == ["jitgraph / torch at 1 thread", "jitgraph / torch at 2 threads"]
+
+    k = report["results"]["k"]
+    if cores >= 2:
+        modes = k["contenders"]["jitgraph"]["modes"]
+        assert set(modes) == {"1 thread", "2 threads"}
+        assert modes["1 thread"]["wrong"] == 0 and modes["1 thread"]["errors"] == 0   # serial runs are always right
+        assert modes["2 threads"]["calls_checked"] == 2 * modes["1 thread"]["calls_checked"]
+    else:
+        assert "skipped" in k
+    assert next(t for t in report["targets"] if t["workload"] == "k")["at_least"]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
