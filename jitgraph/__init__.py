@@ -20,7 +20,7 @@ from .ops.softmaxes import *   # noqa: F401,F403
 from .ops.stochastic import *  # noqa: F401,F403
 from .ops.unary import *       # noqa: F401,F403
 from .program import BackwardGraph, ForwardGraph, build_forward
-from .threads import set_num_threads
+from .threads import get_num_threads, set_num_threads
 from .train import batches, train
 from .viz import plot_memory, plot_pareto
 
@@ -29,7 +29,7 @@ __version__ = "0.2.0.dev0"
 __all__ = [
     "Graph", "Tensor", "GraphError", "build_forward", "build_backward", "grad", "ForwardGraph", "BackwardGraph",
     "checkpoint", "pareto", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim",
-    "train", "batches", "plot_memory", "plot_pareto", "set_num_threads",
+    "train", "batches", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
 ]
 __all__ += _binary.__all__
 __all__ += _gather.__all__

@@ -88,16 +88,12 @@ def call_rule(typingctx, address, n, k, g, ctx):
     return types.int64(address, n, k, g, ctx), codegen
 
 
-@intrinsic
-def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """Column-major C = alpha op(A) op(B) + beta C through the BLAS ?gemm at ``address``
-    (scipy's cython_blas: the Fortran interface, every argument by pointer).  ``transa``,
-    ``transb`` are 0/1; sizes are int64 (passed as int32); ``a``, ``b``, ``c`` typed pointers."""
-    dtype = a.dtype
-
+def _gemm_codegen(int_bits):
+    """Codegen of a Fortran ?gemm call whose integer arguments have ``int_bits`` bits."""
     def codegen(context, builder, signature, args):
+        dtype = signature.args[7].dtype
         addr, ta, tb, m_, n_, k_, al, a_, lda_, b_, ldb_, be, c_, ldc_ = args
-        i8, i32 = ir.IntType(8), ir.IntType(32)
+        i8, i32 = ir.IntType(8), ir.IntType(int_bits)
         fty = context.get_value_type(dtype)
 
         def by_pointer(value, ty):
@@ -110,7 +106,7 @@ def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, bet
                                              i8(ord("N"))), i8)
 
         def int32(value):
-            return by_pointer(builder.trunc(value, i32), i32)
+            return by_pointer(value if int_bits == 64 else builder.trunc(value, i32), i32)
 
         def scalar(value, from_type):
             return by_pointer(context.cast(builder, value, from_type, dtype), fty)
@@ -120,8 +116,23 @@ def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, bet
         fnty = ir.FunctionType(ir.VoidType(), [v.type for v in argv])
         builder.call(builder.inttoptr(addr, fnty.as_pointer()), argv)
         return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """Column-major C = alpha op(A) op(B) + beta C through the BLAS ?gemm at ``address``
+    (the Fortran interface, every argument by pointer, 32-bit integers as scipy's
+    cython_blas).  ``transa``, ``transb`` are 0/1; ``a``, ``b``, ``c`` typed pointers."""
     sig = types.void(address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-    return sig, codegen
+    return sig, _gemm_codegen(32)
+
+
+@intrinsic
+def gemm64(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """``gemm`` for a BLAS built with 64-bit integers (ILP64, as numpy's OpenBLAS)."""
+    sig = types.void(address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    return sig, _gemm_codegen(64)
 
 
 @intrinsic
@@ -142,7 +153,8 @@ RUN_MEM_SIZE, RUN_STORE_SIZE, RUN_SALT, RUN_DETAIL = 7, 8, 9, 10
 RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
 RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
 RUN_BLAS_THREADS = 13      # address of the BLAS's thread-local thread count setter, or 0
-RUN_CTX = 14
+RUN_GEMM_ILP64 = 14        # 1 if that gemm takes 64-bit integers
+RUN_CTX = 15
 
 
 class RunView(NamedTuple):
@@ -176,6 +188,7 @@ def run_context(G, loc, off, mem, store, salt, natives):
     ctx[RUN_GEMM] = natives[0]
     ctx[RUN_EXTENT] = 1
     ctx[RUN_BLAS_THREADS] = natives[1]
+    ctx[RUN_GEMM_ILP64] = natives[2]
     return ctx
 
 

@@ -21,7 +21,7 @@ from typing import Optional
 import numba
 import scipy.linalg.cython_blas  # noqa: F401 -- jitgraph's BLAS: loaded, so threadpoolctl can limit it
 from numba.core import config
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from .errors import GraphError
 
@@ -71,20 +71,31 @@ def num_threads() -> int:
 
 
 def set_num_threads(n: Optional[int] = None) -> int:
-    """Use ``n`` threads (default: all cores) for jitgraph's kernels and for the BLAS
-    (through threadpoolctl).  Results do not depend on it.  Returns the count set."""
+    """Use ``n`` threads (default: all cores) for jitgraph's kernels and matrix products.
+    jitgraph cuts a big product into tiles and gives each tile to a single-threaded BLAS
+    call on its own threads, so kernels and BLAS share one pool of ``n`` threads instead
+    of two pools fighting over the cores.  Results do not depend on ``n``.  Returns it."""
     n = max_threads() if n is None else int(n)
     if not 1 <= n <= max_threads():
         raise GraphError(f"set_num_threads: n must be between 1 and {max_threads()} (the cores Numba may use), "
                          f"got {n}")
     with _lock:
         _wanted[:] = [n]
-        _limit_blas(n)
     return n
 
 
-def _limit_blas(n: int) -> None:
-    _blas_limiter[:] = [threadpool_limits(limits=n, user_api="blas")]
+def get_num_threads() -> int:
+    """The thread count jitgraph's runs use (set_num_threads; default all cores)."""
+    return num_threads()
+
+
+def single_threaded_blas(path: str) -> None:
+    """Limit the BLAS library at ``path`` to one thread, process-wide -- only for a BLAS
+    whose thread count jitgraph cannot set per call (OpenBLAS before 0.3.27): each tile
+    of a product already runs on one of jitgraph's threads."""
+    with _lock:
+        if not _blas_limiter:
+            _blas_limiter.append(ThreadpoolController().select(filepath=path).limit(limits=1))
 
 
 def enter_run() -> None:

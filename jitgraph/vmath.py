@@ -8,7 +8,7 @@ libm, exact to the last bit.  Each function is one name with a float32 and a
 float64 body, chosen at compile time by the argument's type.
 
 Coefficients: exp's, log's and tanh's are Taylor's; erfc's were fitted here (least
-squares in a Chebyshev basis, z in [0, 10]) to ``ln(erfc(z) e^{z^2} / t)`` with
+squares in a Chebyshev basis, z in [0, 10]) to ``erfc(z) e^{z^2} / t`` with
 ``t = 1 / (1 + z/2)``, as a polynomial in ``s = 2.4 t - 1.4`` (small coefficients,
 so float32 Horner loses little).
 """
@@ -116,11 +116,12 @@ def _sigmoid32(x):
     return F(1.0) / (F(1.0) + _exp32(-x))
 
 
-# erfc(z) = t e^{P(s) - z^2}, t = 1 / (1 + z/2), s = 2.4 t - 1.4 (t in [1/6, 1] -> s in [-1, 1])
-_ERFC = (-0.5585953566232306, 0.5703071245507362, 0.015745231091551893, -0.029470664104059296,
-         -0.0010468960711846765, 0.003708789350086832, -0.00027197214657507314, -0.0005362412915522385,
-         0.00012507162796855575, 5.578634637822508e-05, -2.084848010404244e-05)
-_E0, _E1, _E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10 = (F(c) for c in _ERFC)
+# erfc(z) = t Q(s) e^{-z^2}, t = 1 / (1 + z/2), s = 2.4 t - 1.4 (t in [1/6, 1] -> s in [-1, 1]);
+# Q approximates erfcx(z) / t (erfcx(z) = e^{z^2} erfc(z)), smooth and between 0.28 and 1
+_ERFCX = (0.5720119813342145, 0.32622244111768683, 0.10202944792599328, 0.005963686027814269,
+          -0.0061510533159921535, -0.0006230153617300622, 0.0005864795772324044, 9.448284960456546e-06,
+          -5.391053064047889e-05, 4.442073883584901e-06)
+_Q0, _Q1, _Q2, _Q3, _Q4, _Q5, _Q6, _Q7, _Q8, _Q9 = (F(c) for c in _ERFCX)
 
 
 @njit(cache=True, inline="always")
@@ -135,22 +136,21 @@ def _exp_half_sq32(x):
 @njit(cache=True, inline="always")
 def _normal32(x):
     """(CDF, density) of the standard normal at x: Phi = 0.5 erfc(-x / sqrt 2), with
-    erfc(z) = t e^{P(s)} e^{-z^2}, and phi = e^{-x^2/2} / sqrt(2 pi), sharing e^{-x^2/2}."""
+    erfc(z) = t Q(s) e^{-z^2}, and phi = e^{-x^2/2} / sqrt(2 pi), sharing e^{-x^2/2}."""
     t = F(1.0) / (F(1.0) + F(0.5) * (abs(x) * F(0.7071067811865476)))
     s = F(2.4) * t - F(1.4)
-    p = _E10
-    p = p * s + _E9
-    p = p * s + _E8
-    p = p * s + _E7
-    p = p * s + _E6
-    p = p * s + _E5
-    p = p * s + _E4
-    p = p * s + _E3
-    p = p * s + _E2
-    p = p * s + _E1
-    p = p * s + _E0
+    q = _Q9
+    q = q * s + _Q8
+    q = q * s + _Q7
+    q = q * s + _Q6
+    q = q * s + _Q5
+    q = q * s + _Q4
+    q = q * s + _Q3
+    q = q * s + _Q2
+    q = q * s + _Q1
+    q = q * s + _Q0
     e = _exp_half_sq32(x)
-    h = F(0.5) * t * _exp32(p) * e
+    h = F(0.5) * t * q * e
     return (h if x < F(0.0) else F(1.0) - h), e * F(0.3989422804014327)
 
 

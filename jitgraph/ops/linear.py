@@ -13,15 +13,15 @@ ip[DOT_K] is the contracted length (the cost model's).
 * batched products (attention's ``q @ k^T``) call the GEMM once per matrix, on
   pointers into the operands (no copies, no allocation).
 
-The GEMM is the BLAS of scipy (which Numba's np.dot uses too), called directly.
+The GEMM is numpy's bundled OpenBLAS (else scipy's), called directly (compiler.natives).
 """
 from numba import njit
 
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, call_int, data_pointer, gemm, operand, output,
-                      rule_view, run_view, span)
+from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, call_int, data_pointer, gemm,
+                      gemm64, operand, output, rule_view, run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..status import OK
 from .common import as_tensor, graph_of
@@ -92,20 +92,19 @@ def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _gemm(fn, C, A, B, ta, tb, M, N, K, lda, ldb):
-    """Row-major C (M, N) = op(A) op(B), as the column-major C^T = op(B)^T op(A)^T."""
-    gemm(fn, tb, ta, N, M, K, 1.0, data_pointer(B), ldb, data_pointer(A), lda, 0.0, data_pointer(C), N)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _tile(fn, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
-    """Rows [r0, r1) x columns [c0, c1) of C (N columns) = op(A) op(B): the same GEMM on
-    pointers offset into C, op(A)'s rows and op(B)'s columns (offsets along the other
-    axis when an operand is stored transposed), with C's leading dim kept."""
+def _tile(fn, ilp64, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
+    """Rows [r0, r1) x columns [c0, c1) of row-major C (N columns) = op(A) op(B), as the
+    column-major C^T = op(B)^T op(A)^T, on pointers offset into C, op(A)'s rows and
+    op(B)'s columns (offsets along the other axis when an operand is stored transposed),
+    with C's leading dim kept."""
     a0 = r0 if ta else r0 * lda
     b0 = c0 * ldb if tb else c0
-    gemm(fn, tb, ta, c1 - c0, r1 - r0, K, 1.0, data_pointer(B[b0:]), ldb, data_pointer(A[a0:]), lda, 0.0,
-         data_pointer(C[r0 * N + c0:]), N)
+    if ilp64:
+        gemm64(fn, tb, ta, c1 - c0, r1 - r0, K, 1.0, data_pointer(B[b0:]), ldb, data_pointer(A[a0:]), lda, 0.0,
+               data_pointer(C[r0 * N + c0:]), N)
+    else:
+        gemm(fn, tb, ta, c1 - c0, r1 - r0, K, 1.0, data_pointer(B[b0:]), ldb, data_pointer(A[a0:]), lda, 0.0,
+             data_pointer(C[r0 * N + c0:]), N)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -123,6 +122,7 @@ def _product(v, n, lo, hi):
     ta = v.ip[n, 0]
     tb = v.ip[n, 1]
     fn = v.ctx[RUN_GEMM]
+    ilp64 = v.ctx[RUN_GEMM_ILP64] != 0
     N = so[3]
     lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
     ldb = sb[3]
@@ -148,7 +148,8 @@ def _product(v, n, lo, hi):
         for u in range(lo, hi):
             r0 = (u // col_tiles) * row_step
             c0 = (u % col_tiles) * col_step
-            _tile(fn, out, A, B, ta, tb, N, K, lda, ldb, r0, min(r0 + row_step, rows), c0, min(c0 + col_step, N))
+            _tile(fn, ilp64, out, A, B, ta, tb, N, K, lda, ldb, r0, min(r0 + row_step, rows), c0,
+                  min(c0 + col_step, N))
     else:
         M = so[2]
         size_a = sa[2] * sa[3]
@@ -158,7 +159,7 @@ def _product(v, n, lo, hi):
             i1 = b % so[1]
             ja = (i0 if sa[0] > 1 else 0) * sa[1] + (i1 if sa[1] > 1 else 0)
             jb = (i0 if sb[0] > 1 else 0) * sb[1] + (i1 if sb[1] > 1 else 0)
-            _gemm(fn, out[b * M * N:], A[ja * size_a:], B[jb * size_b:], ta, tb, M, N, K, lda, ldb)
+            _tile(fn, ilp64, out[b * M * N:], A[ja * size_a:], B[jb * size_b:], ta, tb, N, K, lda, ldb, 0, M, 0, N)
     if setter != 0:
         call_int(setter, before)
     return OK
