@@ -91,6 +91,7 @@ class JitgraphCacheLocator(caching._CacheLocator):
     """Numba cache locator for functions defined in jitgraph's own files."""
 
     def __init__(self, py_func, py_file):
+        self._py_file = py_file            # read by Numba when it refuses to cache a function
         self._lineno = py_func.__code__.co_firstlineno
         rel = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), PACKAGE_DIR)
         self._cache_path = os.path.join(CACHE_DIR, rel.replace(os.sep, "_"))

@@ -47,7 +47,7 @@ _EXP_MIN = F(-87.33654)                 # below: 0 (no subnormal results)
 def _exp32(x):
     t = x * _LOG2E
     n = np.floor(t + F(0.5))
-    n = min(max(n, F(-126.0)), F(127.0))
+    n = min(max(n, F(-126.0)), F(128.0))
     r = (x - n * _LN2_HI) - n * _LN2_LO
     p = F(1.0 / 5040.0)
     p = p * r + F(1.0 / 720.0)
@@ -57,7 +57,9 @@ def _exp32(x):
     p = p * r + F(0.5)
     p = p * r + F(1.0)
     p = p * r + F(1.0)
-    y = p * _bits_to_f32((np.int64(n) + 127) << 23)
+    big = n > F(127.0)                                 # 2^128 has no float32: scale by 2^127, then 2
+    y = p * _bits_to_f32((np.int64(n - F(1.0) if big else n) + 127) << 23)
+    y = y * F(2.0) if big else y
     y = F(np.inf) if x > _EXP_MAX else y
     y = F(0.0) if x < _EXP_MIN else y
     return x if x != x else y             # NaN stays NaN
@@ -95,20 +97,27 @@ def _log32(x):
     return x if x != x else y
 
 
+# tanh(x)/x on |x| < 0.625 as a polynomial in x^2 (fitted here, like erfc's below)
+_TANH = (0.9999999998993981, -0.3333333059853887, 0.1333321250130512, -0.05394824008061744,
+         0.021710729312141845, -0.00820527300544239, 0.002170495320989423)
+_T0, _T1, _T2, _T3, _T4, _T5, _T6 = (F(c) for c in _TANH)
+
+
 @njit(cache=True, inline="always")
 def _tanh32(x):
     a = abs(x)
-    x2 = x * x                            # |x| < 0.4: the odd Taylor series to x^13
-    p = F(21844.0 / 6081075.0)
-    p = p * x2 + F(-1382.0 / 155925.0)
-    p = p * x2 + F(62.0 / 2835.0)
-    p = p * x2 + F(-17.0 / 315.0)
-    p = p * x2 + F(2.0 / 15.0)
-    p = p * x2 + F(-1.0 / 3.0)
-    small = x + x * x2 * p
+    x2 = x * x
+    p = _T6
+    p = p * x2 + _T5
+    p = p * x2 + _T4
+    p = p * x2 + _T3
+    p = p * x2 + _T2
+    p = p * x2 + _T1
+    p = p * x2 + _T0
+    small = x * p                         # x * (...): tanh(-0) stays -0
     big = F(1.0) - F(2.0) / (_exp32(F(2.0) * a) + F(1.0))
     big = big if x >= F(0.0) else -big
-    return small if a < F(0.4) else big
+    return small if a < F(0.625) else big
 
 
 @njit(cache=True, inline="always")
@@ -122,6 +131,10 @@ _ERFCX = (0.5720119813342145, 0.32622244111768683, 0.10202944792599328, 0.005963
           -0.0061510533159921535, -0.0006230153617300622, 0.0005864795772324044, 9.448284960456546e-06,
           -5.391053064047889e-05, 4.442073883584901e-06)
 _Q0, _Q1, _Q2, _Q3, _Q4, _Q5, _Q6, _Q7, _Q8, _Q9 = (F(c) for c in _ERFCX)
+# erf(z)/z on |z| < 0.55 as a polynomial in z^2, for the CDF near 0 (no erfc cancellation)
+_ERF = (1.1283791670674093, -0.37612638176169666, 0.11283761491607566, -0.026861616769858723,
+        0.005192979050803424, -0.0007569806635277428)
+_R0, _R1, _R2, _R3, _R4, _R5 = (F(c) for c in _ERF)
 
 
 @njit(cache=True, inline="always")
@@ -130,7 +143,8 @@ def _exp_half_sq32(x):
     split in two halves whose square's leading part is exact."""
     hi = _bits_to_f32(_f32_to_bits(x) & 0xFFFFF000)
     lo = x - hi
-    return _exp32(F(-0.5) * hi * hi) * _exp32(F(-0.5) * lo * (hi + hi + lo))
+    y = _exp32(F(-0.5) * hi * hi) * _exp32(F(-0.5) * lo * (hi + hi + lo))
+    return F(0.0) if abs(x) == F(np.inf) else y        # inf - inf would make lo NaN
 
 
 @njit(cache=True, inline="always")
@@ -151,7 +165,17 @@ def _normal32(x):
     q = q * s + _Q0
     e = _exp_half_sq32(x)
     h = F(0.5) * t * q * e
-    return (h if x < F(0.0) else F(1.0) - h), e * F(0.3989422804014327)
+    z = x * F(0.7071067811865476)         # |x| < 0.75: 0.5 + erf(z) / 2 with erf's odd series
+    z2 = z * z
+    r = _R5
+    r = r * z2 + _R4
+    r = r * z2 + _R3
+    r = r * z2 + _R2
+    r = r * z2 + _R1
+    r = r * z2 + _R0
+    centre = F(0.5) + F(0.5) * z * r
+    cdf = h if x < F(0.0) else F(1.0) - h
+    return (centre if abs(x) < F(0.75) else cdf), e * F(0.3989422804014327)
 
 
 # ---- the dispatching names ------------------------------------------------------------------------
