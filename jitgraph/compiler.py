@@ -18,7 +18,7 @@ from numba.core.errors import NumbaIRAssumptionWarning
 from threadpoolctl import threadpool_info
 
 from . import registry
-from .threads import single_threaded_blas
+from .threads import max_threads, single_threaded_blas
 
 SKIP = -1          # runner entry of an op without a kernel (leaves, views); rule entry of ZERO_GRAD
 MISSING = 0        # not compiled (runners) / no gradient rule (rules)
@@ -150,21 +150,23 @@ _natives: dict = {}
 
 
 def natives(dtype):
-    """Addresses of the native functions runners call, for ``dtype``: [gemm, the BLAS's
-    thread-local thread count setter or 0, 1 if gemm takes 64-bit integers].  The BLAS is
-    numpy's bundled OpenBLAS when it has one, else scipy's (the one Numba's np.dot
-    uses), called directly so operands keep their strides; jitgraph runs it on one
-    thread per call and splits big products over its own threads (one pool, not two
-    fighting over the same cores)."""
+    """Addresses of the native functions runners call, for ``dtype``, and one constant:
+    [gemm, the BLAS's thread-local thread count setter or 0, 1 if gemm takes 64-bit
+    integers, the most tiles a product is cut into (the thread pool's size, fixed for
+    the process, so results never depend on set_num_threads)].  The BLAS is numpy's
+    bundled OpenBLAS when it has one, else scipy's (the one Numba's np.dot uses), called
+    directly so operands keep their strides; jitgraph runs it on one thread per call and
+    splits big products over its own threads (one pool, not two fighting over the same
+    cores)."""
     dtype = np.dtype(dtype)
     got = _natives.get(dtype.name)
     if got is None:
         found = _numpy_openblas(dtype)
         if found is not None and found[0]:
-            got = np.array([found[0], found[1], 1], np.int64)
+            got = np.array([found[0], found[1], 1, max_threads()], np.int64)
         else:
             capi = scipy.linalg.cython_blas.__pyx_capi__
             gemm = _capsule_address(capi["sgemm" if dtype == np.float32 else "dgemm"])
-            got = np.array([gemm, _blas_threads_local(gemm), 0], np.int64)
+            got = np.array([gemm, _blas_threads_local(gemm), 0, max_threads()], np.int64)
         _natives[dtype.name] = got
     return got

@@ -154,7 +154,8 @@ RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
 RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
 RUN_BLAS_THREADS = 13      # address of the BLAS's thread-local thread count setter, or 0
 RUN_GEMM_ILP64 = 14        # 1 if that gemm takes 64-bit integers
-RUN_CTX = 15
+RUN_TILES = 15             # most tiles a product is cut into: the thread pool's size
+RUN_CTX = 16
 
 
 class RunView(NamedTuple):
@@ -189,6 +190,7 @@ def run_context(G, loc, off, mem, store, salt, natives):
     ctx[RUN_EXTENT] = 1
     ctx[RUN_BLAS_THREADS] = natives[1]
     ctx[RUN_GEMM_ILP64] = natives[2]
+    ctx[RUN_TILES] = natives[3]
     return ctx
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.ops.linear import FLAT
+from jitgraph import compiler
+from jitgraph.ops.linear import FLAT, TILE_WORK, tiling
 
 RNG = np.random.default_rng(7)
 
@@ -64,3 +65,36 @@ def test_second_order_through_a_flat_product():
         return jg.sum(gW * g.const(v))
     res = jg.check_grads(hvp_fn, [r(5, 2)])
     assert res.ok, res
+
+
+@pytest.mark.parametrize("most", [1, 2, 3, 7])
+def test_tiles_cover_the_product(most):
+    """The tiles of a big product (the pool size bounds their number) are each of at least
+    32 rows/columns and together compute exactly the product, for every transpose flag
+    and a FLAT product, uneven edges included."""
+    for M, N, K in [(300, 1000, 70), (1000, 300, 70), (33, 2000, 300), (2000, 33, 300), (64, 64, 8)]:
+        rt, ct = tiling(M, N, K, most)
+        assert 1 <= rt * ct <= most
+        assert (rt == 1 or M // rt >= 32) and (ct == 1 or N // ct >= 32)
+        if 2 * M * N * K >= most * TILE_WORK:
+            assert rt * ct >= most - 1, "a big product uses the pool"
+    natives = compiler.natives(np.float64)
+    saved = natives[3]
+    natives[3] = most
+    try:
+        for ta in (0, 1):
+            for tb in (0, 1):
+                g = jg.Graph(np.float64)
+                a = g.input((400, 90) if ta else (90, 400), name="a")
+                b = g.input((1000, 400) if tb else (400, 1000), name="b")
+                out = (a.T if ta else a) @ (b.T if tb else b)
+                av, bv = r(*a.shape), r(*b.shape)
+                got = jg.build_forward(out).run({a: av, b: bv})
+                want = (av.T if ta else av) @ (bv.T if tb else bv)
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        x, W = r(3, 40, 400), r(400, 1000)                # a FLAT product: rows of every batch at once
+        g = jg.Graph(np.float64)
+        xi = g.input(x.shape, name="x")
+        np.testing.assert_allclose(jg.build_forward(xi @ g.const(W)).run({xi: x}), x @ W, rtol=1e-12, atol=1e-12)
+    finally:
+        natives[3] = saved

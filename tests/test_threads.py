@@ -10,7 +10,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph.interpreter import PARALLEL_MIN
-from jitgraph.ops.linear import COL_CHUNK, ROW_CHUNK
+from jitgraph.ops.linear import tiling
 from jitgraph.registry import BY_NAME, ELEMENTS, NO_GRAD, ROWS, ZERO_GRAD
 from jitgraph.threads import BLOCK, max_threads
 
@@ -180,7 +180,7 @@ def test_split_sums_are_bit_identical_at_1_and_2_threads(case, dtype):
 
 
 # ---- (b) a transformer block ----------------------------------------------------------------------
-B, T, D, H, V = 4, 64, 128, 4, 300         # B*T = 256 rows: GEMMs of 2 row tiles, logits of 2 column tiles
+B, T, D, H, V = 4, 64, 128, 4, 300         # B*T = 256 rows: the logits' GEMM is cut in tiles
 DH = D // H
 
 
@@ -231,7 +231,7 @@ def test_transformer_block_plain_and_checkpointed_bit_identical_at_1_and_2_threa
     results = {}
     for kw in ({}, {"checkpoints": "sqrt"}):
         x, target, loss, params, sizes = transformer(dtype)
-        assert sizes["rows"] > ROW_CHUNK and V > COL_CHUNK          # GEMMs are tiled
+        assert tiling(B * T, V, D, max_threads()) != (1, 1)           # the logits' GEMM is tiled
         assert min(B * T * D, sizes["scores"], sizes["mlp"]) >= PARALLEL_MIN   # norms, softmax, gelu are split
         bwd = jg.build_backward(jg.build_forward(loss), **kw)
         if kw:

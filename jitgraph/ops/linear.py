@@ -20,8 +20,8 @@ from numba import njit
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, call_int, data_pointer, gemm,
-                      gemm64, operand, output, rule_view, run_view, span)
+from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, RUN_TILES, call_int, data_pointer,
+                      gemm, gemm64, operand, output, rule_view, run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..status import OK
 from .common import as_tensor, graph_of
@@ -31,7 +31,7 @@ __all__ = ["matmul"]
 
 MATMUL = 37
 FLAT = 1                      # ip[2]: both operands are read as 2-D (all leading axes fold into rows)
-ROW_CHUNK, COL_CHUNK = 128, 256   # output tile of a unit of work (fixed: results never depend on threads)
+TILE_WORK = 8_000_000         # least flops in a tile of a product cut for several threads
 
 
 def _params(ta: int, tb: int, k: int, mode: int = 0) -> tuple:
@@ -108,11 +108,30 @@ def _tile(fn, ilp64, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def tiling(M, N, K, most):
+    """(row tiles, column tiles) of an (M, N) product contracting K, at most ``most``
+    tiles (the size of the thread pool, fixed for the process).  A GEMM's result depends
+    on how it is cut (OpenBLAS picks kernels by size), so this never depends on the
+    number of threads a run uses.  Few, large tiles: each tile repacks its operands,
+    which costs ~5% at 4 tiles of a (64, 1024) x (1024, 1024) product; tiles of at
+    least TILE_WORK flops, shaped to pack the least (smallest half-perimeter), never
+    slivers under 32."""
+    want = min(most, max(1, 2 * M * N * K // TILE_WORK))
+    best_r, best_c, best = 1, 1, M + N
+    for rt in range(1, want + 1):
+        ct = want // rt
+        if (rt > 1 and M < 32 * rt) or (ct > 1 and N < 32 * ct):
+            continue
+        cost = (M + rt - 1) // rt + (N + ct - 1) // ct
+        if rt * ct > best_r * best_c or (rt * ct == best_r * best_c and cost < best):
+            best_r, best_c, best = rt, ct, cost
+    return best_r, best_c
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _product(v, n, lo, hi):
-    """Units of work: tiles of one GEMM's output (at most ROW_CHUNK x COL_CHUNK, all of
-    one size), or the matrices of a batched product; each is one single-threaded BLAS
-    call.  A GEMM's result depends on how it is tiled (OpenBLAS picks kernels by size),
-    so tiles depend on the shape only, never on the thread count."""
+    """Units of work: equal tiles of one GEMM's output (see ``tiling``), or the matrices
+    of a batched product; each is one single-threaded BLAS call."""
     s0 = v.src[n, 0]
     s1 = v.src[n, 1]
     out = output(v, n)
@@ -127,14 +146,14 @@ def _product(v, n, lo, hi):
     lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
     ldb = sb[3]
     flat = v.ip[n, 2] == FLAT
-    one_gemm = flat or (sb[0] * sb[1] == 1 and ta == 0 and sa[0] == so[0] and sa[1] == so[1])
+    one_gemm = flat or so[0] * so[1] == 1 or (sb[0] * sb[1] == 1 and ta == 0 and sa[0] == so[0]
+                                              and sa[1] == so[1])
     if flat:                                 # every leading axis folded into the rows
         K = A.size // sa[3] if ta else sa[3]
     else:
         K = sa[2] if ta else sa[3]
     rows = out.size // N if one_gemm else so[2]
-    row_tiles = (rows + ROW_CHUNK - 1) // ROW_CHUNK         # tiles of equal size (even work for the
-    col_tiles = (N + COL_CHUNK - 1) // COL_CHUNK            # threads), a function of the shape only
+    row_tiles, col_tiles = tiling(rows, N, K, v.ctx[RUN_TILES])
     row_step = (rows + row_tiles - 1) // row_tiles
     col_step = (N + col_tiles - 1) // col_tiles
     units = row_tiles * col_tiles if one_gemm else so[0] * so[1]
