@@ -149,6 +149,11 @@ def _numpy_openblas(dtype):
 _natives: dict = {}
 
 
+def blas_library(dtype) -> str:
+    """Path of the BLAS library whose gemm jitgraph's products call for ``dtype``."""
+    return _library_of(int(natives(dtype)[0])) or ""
+
+
 def natives(dtype):
     """Addresses of the native functions runners call, for ``dtype``, and one constant:
     [gemm, the BLAS's thread-local thread count setter or 0, 1 if gemm takes 64-bit

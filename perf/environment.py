@@ -89,13 +89,15 @@ def probe(torch, threads):
         pools = None
     env["threadpools"] = pools
     env["numpy_build_blas"] = numpy_build_blas() if pools is None else None
-    # which BLAS each contender calls: numpy's own; jitgraph's matmul is numba's np.dot,
-    # which calls scipy's BLAS (scipy.linalg.cython_blas); torch's is linked into it
+    # which BLAS each contender calls: numpy's own; jitgraph's products call the gemm of
+    # compiler.blas_library (numpy's OpenBLAS when it has one, else scipy's); torch's is linked in
+    from jitgraph import compiler
+    ours = os.path.realpath(compiler.blas_library(np.float32))
     blas = {}
     for p in pools or []:
         if p.get("user_api") == "blas":
             owner = blas_owner(p.get("filepath"))
-            who = {"numpy": "numpy", "scipy": "jitgraph (numba np.dot via scipy)"}.get(owner, owner)
+            who = owner + (" and jitgraph" if os.path.realpath(p.get("filepath") or "") == ours else "")
             blas[who] = {k: p.get(k) for k in ("internal_api", "version", "architecture", "num_threads",
                                                 "threading_layer", "filepath")}
     if torch is not None:
