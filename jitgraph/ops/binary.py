@@ -2,9 +2,9 @@
 Python numbers a, b), which ``x * 2.0``, ``x + 1.0``, ``1.0 - x``, ``x / 4.0`` and
 ``jg.scale`` fold into.
 
-Calling convention: a runner hands its op code to :func:`binary`, which
-broadcasts node n's two sources to n's shape (strides 0 along broadcast dims);
-Numba compiles the loop for the literal code, so each op has its own loop.
+Calling convention: each op has an element function ``_name(x, y)`` and a runner that
+hands it to :func:`binary`, which broadcasts node n's two sources to n's shape
+(strides 0 along broadcast dims); each op compiles its own loops.
 """
 import numpy as np
 from numba import njit
@@ -51,21 +51,10 @@ def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
     return g._node(code, (ta.id, tb.id), broadcast_shapes(what, ta, tb))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _op(code, x, y):
-    if code == ADD:
-        return x + y
-    if code == SUB:
-        return x - y
-    if code == MUL:
-        return x * y
-    return x / y
-
-
-@njit(cache=True, error_model="numpy")
-def _run(code, out, o, a, ia, sa, b, ib, sb, m):
-    """out[o+j] = a[ia+j*sa] (op) b[ib+j*sb] for j < m; strides are 0 (broadcast) or 1.
-    Each case is its own loop over slices indexed from 0 (an index LLVM cannot prove
+@njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
+def _run(f, out, o, a, ia, sa, b, ib, sb, m):
+    """out[o+j] = f(a[ia+j*sa], b[ib+j*sb]) for j < m (f: an op's element function);
+    strides are 0 (broadcast) or 1.  Each case is its own loop over slices indexed from 0 (an index LLVM cannot prove
     non-negative keeps Numba's wraparound test and stops vectorization), and running in
     place reads and writes one array (LLVM's overlap check would pick its scalar loop)."""
     y = out[o:o + m]
@@ -74,33 +63,33 @@ def _run(code, out, o, a, ia, sa, b, ib, sb, m):
         xb = b[ib:ib + m]
         if same_data(y, xa):
             for j in range(m):
-                y[j] = _op(code, y[j], xb[j])
+                y[j] = f(y[j], xb[j])
         elif same_data(y, xb):
             for j in range(m):
-                y[j] = _op(code, xa[j], y[j])
+                y[j] = f(xa[j], y[j])
         else:
             for j in range(m):
-                y[j] = _op(code, xa[j], xb[j])
+                y[j] = f(xa[j], xb[j])
     elif sa == 1:
         xa = a[ia:ia + m]
         c = b[ib]
         if same_data(y, xa):
             for j in range(m):
-                y[j] = _op(code, y[j], c)
+                y[j] = f(y[j], c)
         else:
             for j in range(m):
-                y[j] = _op(code, xa[j], c)
+                y[j] = f(xa[j], c)
     elif sb == 1:
         xb = b[ib:ib + m]
         c = a[ia]
         if same_data(y, xb):
             for j in range(m):
-                y[j] = _op(code, c, y[j])
+                y[j] = f(c, y[j])
         else:
             for j in range(m):
-                y[j] = _op(code, c, xb[j])
+                y[j] = f(c, xb[j])
     else:
-        c = _op(code, a[ia], b[ib])
+        c = f(a[ia], b[ib])
         for j in range(m):
             y[j] = c
 
@@ -127,32 +116,33 @@ def row_offset(shape, n, r, s0, s1, s2):
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def binary(v, n, code, lo, hi):
-    """Run binary op ``code`` (a literal: one loop per op) for node n over elements
-    [lo, hi), broadcasting."""
+def binary(v, n, f, lo, hi):
+    """Run node n over elements [lo, hi): f(a, b) with broadcasting, f an op's element
+    function (njit, inlined: each op compiles its own loops, with its own math only)."""
     out = output(v, n)
     a = operand(v, n, 0)
     b = operand(v, n, 1)
     size = out.size
     lo, hi = span(lo, hi, size)
-    if a.size == size and b.size == size:
-        _run(code, out, lo, a, lo, 1, b, lo, 1, hi - lo)
-        return OK
-    if a.size == size and b.size == 1:
-        _run(code, out, lo, a, lo, 1, b, 0, 0, hi - lo)
-        return OK
-    if a.size == 1 and b.size == size:
-        _run(code, out, lo, a, 0, 0, b, lo, 1, hi - lo)
-        return OK
     shape = v.shape
     a0, a1, a2, a3 = bcast_strides(shape, v.src[n, 0])
     b0, b1, b2, b3 = bcast_strides(shape, v.src[n, 1])
     inner = shape[n, 3]
-    for r in range(lo // inner, (hi + inner - 1) // inner):        # the rows [lo, hi) touches
-        j0 = max(lo - r * inner, 0)
-        j1 = min(hi - r * inner, inner)
-        _run(code, out, r * inner + j0, a, row_offset(shape, n, r, a0, a1, a2) + j0 * a3, a3,
-             b, row_offset(shape, n, r, b0, b1, b2) + j0 * b3, b3, j1 - j0)
+    flat = (a.size == size or a.size == 1) and (b.size == size or b.size == 1)
+    r0, r1 = (0, 1) if flat else (lo // inner, (hi + inner - 1) // inner)     # the rows [lo, hi) touches
+    for r in range(r0, r1):                   # one call site: _run's loops are inlined once
+        if flat:                              # same size or a scalar: one stretch
+            o, m = lo, hi - lo
+            sa = 1 if a.size == size else 0
+            sb = 1 if b.size == size else 0
+            ia, ib = lo * sa, lo * sb
+        else:
+            j0 = max(lo - r * inner, 0)
+            o, m = r * inner + j0, min(hi - r * inner, inner) - j0
+            sa, sb = a3, b3
+            ia = row_offset(shape, n, r, a0, a1, a2) + j0 * a3
+            ib = row_offset(shape, n, r, b0, b1, b2) + j0 * b3
+        _run(f, out, o, a, ia, sa, b, ib, sb, m)
     return OK
 
 
@@ -165,8 +155,13 @@ def add(a: Operand, b: Operand) -> Tensor:
     return _binary(ADD, "add", a, b)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _add(x, y):
+    return x + y
+
+
 def _run_add(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, ADD, lo, hi)
+    return binary(run_view(ctx, mem, store), n, _add, lo, hi)
 
 
 def _vjp_add(n, k, g, ctx):                    # d(x+y) = dx + dy
@@ -182,8 +177,13 @@ def sub(a: Operand, b: Operand) -> Tensor:
     return _binary(SUB, "sub", a, b)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _sub(x, y):
+    return x - y
+
+
 def _run_sub(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, SUB, lo, hi)
+    return binary(run_view(ctx, mem, store), n, _sub, lo, hi)
 
 
 def _vjp_sub(n, k, g, ctx):                    # g, -g
@@ -202,8 +202,13 @@ def mul(a: Operand, b: Operand) -> Tensor:
     return _binary(MUL, "mul", a, b)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _mul(x, y):
+    return x * y
+
+
 def _run_mul(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, MUL, lo, hi)
+    return binary(run_view(ctx, mem, store), n, _mul, lo, hi)
 
 
 def _vjp_mul(n, k, g, ctx):                    # g*y, g*x
@@ -220,8 +225,13 @@ def div(a: Operand, b: Operand) -> Tensor:
     return _binary(DIV, "div", a, b)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _div(x, y):
+    return x / y
+
+
 def _run_div(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, DIV, lo, hi)
+    return binary(run_view(ctx, mem, store), n, _div, lo, hi)
 
 
 def _vjp_div(n, k, g, ctx):                    # g/y, -g*out/y

@@ -1,10 +1,10 @@
 """Unary elementwise ops: out[i] = f(x[i]) over node n's one source.
 
-Calling convention: a runner hands its op code to :func:`unary`, which maps
-``_f(code, x[i], p0, p1)`` (params fp[n, 0:2]) over the elements, in fixed blocks
-over the threads when the tensor is big; Numba compiles the branch of the literal
-code only, so each op's runner holds its own loop.  float32 math stays float32 and
-vectorizes (vmath.py); float64 uses libm.
+Calling convention: each op has an element function ``_name(a, p0, p1)`` (params
+fp[n, 0:2]) and a runner that hands it to :func:`unary`, which maps it over the
+elements, in fixed blocks over the threads when the tensor is big.  Each op's runner
+compiles its own loop with its own math only.  float32 math stays float32 and
+vectorizes (vmath.py, ``like`` types the constants); float64 uses libm.
 Derivative ops (step, sign, gelu_d ...) live here too: gradient rules append them.
 """
 import numpy as np
@@ -37,58 +37,11 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
     return t.graph._node(code, (t.id,), t.shape, fp=fp)
 
 
-@njit(cache=True, error_model="numpy", forceinline=True)
-def _f(code, a, p0, p1):
-    """One element of op ``code`` (a literal: Numba compiles _f once per op, with that
-    op's branch only, and LLVM inlines it into the loop, which then vectorizes).
-    float32 stays float32: vmath's functions vectorize, ``like`` types the constants."""
-    if code == NEG:
-        return -a
-    if code == SQR:
-        return a * a
-    if code == SQRT:
-        return np.sqrt(a)
-    if code == EXP:
-        return vmath.exp(a)
-    if code == LOG:
-        return vmath.log(a)
-    if code == ABS:
-        return np.abs(a)
-    if code == RELU:
-        return like(a, 0.0) if a <= like(a, 0.0) else a        # NaN passes through, like numpy
-    if code == GELU:                            # x Phi(x), exact (erf) form
-        return a * vmath.phi_cdf(a)
-    if code == SILU:
-        return a * vmath.sigmoid(a)
-    if code == TANH:
-        return vmath.tanh(a)
-    if code == SIGMOID:
-        return vmath.sigmoid(a)
-    if code == COPY:
-        return a
-    if code == STEP:
-        return like(a, 1.0) if a > like(a, 0.0) else like(a, 0.0)
-    if code == SIGN:
-        return like(a, 1.0) if a > like(a, 0.0) else (like(a, -1.0) if a < like(a, 0.0) else a * like(a, 0.0))
-    if code == GELU_D:                          # Phi(x) + x phi(x)
-        cdf, pdf = vmath.normal(a)
-        return cdf + a * pdf
-    if code == GELU_DD:                         # phi(x) (2 - x^2)
-        return vmath.phi_pdf(a) * (like(a, 2.0) - a * a)
-    if code == SILU_D:                          # s (1 + x (1 - s))
-        s = vmath.sigmoid(a)
-        return s * (like(a, 1.0) + a * (like(a, 1.0) - s))
-    if code == SILU_DD:                         # s (1 - s) (2 + x (1 - 2 s))
-        s = vmath.sigmoid(a)
-        return s * (like(a, 1.0) - s) * (like(a, 2.0) + a * (like(a, 1.0) - like(a, 2.0) * s))
-    if code == LEAKY_RELU:                      # x if x > 0 else slope x
-        return a if a > like(a, 0.0) else like(a, p0) * a
-    return a
-
-
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def unary(v, n, code, lo, hi):
-    """Run unary op ``code`` for node n over elements [lo, hi): out[i] = f(x[i])."""
+def unary(v, n, f, lo, hi):
+    """Run node n over elements [lo, hi): out[i] = f(x[i], p0, p1), with f an op's
+    element function (njit, inlined: a distinct function makes a distinct loop, so an
+    op's runner compiles its own math only)."""
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                    # slices indexed from 0: no wraparound test, so the loops vectorize
@@ -97,10 +50,10 @@ def unary(v, n, code, lo, hi):
     p1 = v.fp[n, 1]
     if same_data(y, x):               # in place: one array, or LLVM's overlap check picks its scalar loop
         for i in range(y.size):
-            y[i] = _f(code, y[i], p0, p1)
+            y[i] = f(y[i], p0, p1)
     else:
         for i in range(y.size):
-            y[i] = _f(code, x[i], p0, p1)
+            y[i] = f(x[i], p0, p1)
     return OK
 
 
@@ -116,8 +69,13 @@ def neg(t: Tensor) -> Tensor:
     return _unary(NEG, "neg", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _neg(a, p0, p1):
+    return -a
+
+
 def _run_neg(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, NEG, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _neg, lo, hi)
 
 
 def _vjp_neg(n, k, g, ctx):
@@ -134,8 +92,13 @@ def sqr(t: Tensor) -> Tensor:
     return _unary(SQR, "sqr", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _sqr(a, p0, p1):
+    return a * a
+
+
 def _run_sqr(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SQR, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _sqr, lo, hi)
 
 
 def _vjp_sqr(n, k, g, ctx):                    # g * 2x
@@ -153,8 +116,13 @@ def sqrt(t: Tensor) -> Tensor:
     return _unary(SQRT, "sqrt", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _sqrt(a, p0, p1):
+    return np.sqrt(a)
+
+
 def _run_sqrt(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SQRT, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _sqrt, lo, hi)
 
 
 def _vjp_sqrt(n, k, g, ctx):                   # 0.5 g / out
@@ -171,8 +139,13 @@ def exp(t: Tensor) -> Tensor:
     return _unary(EXP, "exp", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _exp(a, p0, p1):
+    return vmath.exp(a)
+
+
 def _run_exp(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, EXP, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _exp, lo, hi)
 
 
 def _vjp_exp(n, k, g, ctx):                    # g * out
@@ -189,8 +162,13 @@ def log(t: Tensor) -> Tensor:
     return _unary(LOG, "log", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _log(a, p0, p1):
+    return vmath.log(a)
+
+
 def _run_log(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, LOG, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _log, lo, hi)
 
 
 def _vjp_log(n, k, g, ctx):                    # g / x
@@ -207,8 +185,13 @@ def abs(t: Tensor) -> Tensor:                  # noqa: A001 -- jg.abs, like nump
     return _unary(ABS, "abs", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _abs(a, p0, p1):
+    return np.abs(a)
+
+
 def _run_abs(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, ABS, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _abs, lo, hi)
 
 
 def _vjp_abs(n, k, g, ctx):                    # g * sign(x); 0 at x = 0
@@ -225,8 +208,13 @@ def relu(t: Tensor) -> Tensor:
     return _unary(RELU, "relu", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _relu(a, p0, p1):
+    return like(a, 0.0) if a <= like(a, 0.0) else a        # NaN passes through, like numpy
+
+
 def _run_relu(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, RELU, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _relu, lo, hi)
 
 
 def _vjp_relu(n, k, g, ctx):                   # g * [out > 0]: reads the output, so x can die
@@ -243,8 +231,14 @@ def gelu(t: Tensor) -> Tensor:
     return _unary(GELU, "gelu", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _gelu(a, p0, p1):
+    # x Phi(x), exact (erf) form
+    return a * vmath.phi_cdf(a)
+
+
 def _run_gelu(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, GELU, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _gelu, lo, hi)
 
 
 def _vjp_gelu(n, k, g, ctx):
@@ -261,8 +255,13 @@ def silu(t: Tensor) -> Tensor:
     return _unary(SILU, "silu", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _silu(a, p0, p1):
+    return a * vmath.sigmoid(a)
+
+
 def _run_silu(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SILU, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _silu, lo, hi)
 
 
 def _vjp_silu(n, k, g, ctx):
@@ -279,8 +278,13 @@ def tanh(t: Tensor) -> Tensor:
     return _unary(TANH, "tanh", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _tanh(a, p0, p1):
+    return vmath.tanh(a)
+
+
 def _run_tanh(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, TANH, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _tanh, lo, hi)
 
 
 def _vjp_tanh(n, k, g, ctx):                   # g * (1 - out^2)
@@ -298,8 +302,13 @@ def sigmoid(t: Tensor) -> Tensor:
     return _unary(SIGMOID, "sigmoid", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _sigmoid(a, p0, p1):
+    return vmath.sigmoid(a)
+
+
 def _run_sigmoid(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SIGMOID, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _sigmoid, lo, hi)
 
 
 def _vjp_sigmoid(n, k, g, ctx):                # g * out (1 - out)
@@ -317,8 +326,13 @@ def copy(t: Tensor) -> Tensor:
     return _unary(COPY, "copy", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _copy(a, p0, p1):
+    return a
+
+
 def _run_copy(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, COPY, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _copy, lo, hi)
 
 
 def _vjp_copy(n, k, g, ctx):
@@ -334,8 +348,13 @@ def step(t: Tensor) -> Tensor:
     return _unary(STEP, "step", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _step(a, p0, p1):
+    return like(a, 1.0) if a > like(a, 0.0) else like(a, 0.0)
+
+
 def _run_step(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, STEP, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _step, lo, hi)
 
 
 defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
@@ -346,8 +365,13 @@ def sign(t: Tensor) -> Tensor:
     return _unary(SIGN, "sign", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _sign(a, p0, p1):
+    return like(a, 1.0) if a > like(a, 0.0) else (like(a, -1.0) if a < like(a, 0.0) else a * like(a, 0.0))
+
+
 def _run_sign(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SIGN, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _sign, lo, hi)
 
 
 defop(SIGN, "sign", sign, _run_sign, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
@@ -358,8 +382,15 @@ def gelu_d(t: Tensor) -> Tensor:
     return _unary(GELU_D, "gelu_d", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _gelu_d(a, p0, p1):
+    # Phi(x) + x phi(x)
+    cdf, pdf = vmath.normal(a)
+    return cdf + a * pdf
+
+
 def _run_gelu_d(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, GELU_D, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _gelu_d, lo, hi)
 
 
 def _vjp_gelu_d(n, k, g, ctx):
@@ -375,8 +406,14 @@ def gelu_dd(t: Tensor) -> Tensor:
     return _unary(GELU_DD, "gelu_dd", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _gelu_dd(a, p0, p1):
+    # phi(x) (2 - x^2)
+    return vmath.phi_pdf(a) * (like(a, 2.0) - a * a)
+
+
 def _run_gelu_dd(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, GELU_DD, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _gelu_dd, lo, hi)
 
 
 defop(GELU_DD, "gelu_dd", gelu_dd, _run_gelu_dd, arity=1, kind=ELEMENTWISE, flops=16, public=False)
@@ -387,8 +424,15 @@ def silu_d(t: Tensor) -> Tensor:
     return _unary(SILU_D, "silu_d", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _silu_d(a, p0, p1):
+    # s (1 + x (1 - s))
+    s = vmath.sigmoid(a)
+    return s * (like(a, 1.0) + a * (like(a, 1.0) - s))
+
+
 def _run_silu_d(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SILU_D, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _silu_d, lo, hi)
 
 
 def _vjp_silu_d(n, k, g, ctx):
@@ -404,8 +448,15 @@ def silu_dd(t: Tensor) -> Tensor:
     return _unary(SILU_DD, "silu_dd", t)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _silu_dd(a, p0, p1):
+    # s (1 - s) (2 + x (1 - 2 s))
+    s = vmath.sigmoid(a)
+    return s * (like(a, 1.0) - s) * (like(a, 2.0) + a * (like(a, 1.0) - like(a, 2.0) * s))
+
+
 def _run_silu_dd(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, SILU_DD, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _silu_dd, lo, hi)
 
 
 defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, flops=12, public=False)
@@ -420,8 +471,14 @@ def leaky_relu(t: Tensor, slope: float = 0.01) -> Tensor:
     return _unary(LEAKY_RELU, "leaky_relu", t, (float(slope),))
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _leaky_relu(a, p0, p1):
+    # x if x > 0 else slope x
+    return a if a > like(a, 0.0) else like(a, p0) * a
+
+
 def _run_leaky_relu(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, LEAKY_RELU, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _leaky_relu, lo, hi)
 
 
 def _vjp_leaky_relu(n, k, g, ctx):             # g * (slope + (1 - slope) [x > 0])
