@@ -34,17 +34,18 @@ FLAT = 1                      # ip[2]: both operands are read as 2-D (all leadin
 TILE_WORK = 8_000_000         # least flops in a tile of a product cut for several threads
 
 
+_IP_GAP = (0,) * (DOT_K - 3)
+
+
 def _params(ta: int, tb: int, k: int, mode: int = 0) -> tuple:
-    ip = [0] * (DOT_K + 1)
-    ip[0], ip[1], ip[2], ip[DOT_K] = ta, tb, mode, k
-    return tuple(ip)
+    return (ta, tb, mode) + _IP_GAP + (k,)
 
 
 def _lies_transposed(t: Tensor) -> tuple:
     """(tensor to read, 1) if ``t`` is a transpose swapping only its last two axes -- the
     product reads its source with the transpose flag instead -- else (t, 0)."""
     nodes = t.graph.nodes
-    if t.op == "transpose" and t.ndim >= 2 and int(nodes.op[t.id]) == TRANSPOSE:
+    if nodes._m_op[t.id] == TRANSPOSE and t.ndim >= 2:       # memoryview: a Python int, fast
         perm = [int(p) for p in nodes.ip[t.id, :4]]
         if perm == [0, 1, 3, 2]:
             return Tensor(t.graph, int(nodes.src[t.id, 0])), 1
@@ -60,6 +61,10 @@ def matmul(a: Operand, b: Operand) -> Tensor:
 def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
     sa, sb = a.shape, b.shape
     na, nb = len(sa), len(sb)
+    if na == 2 and nb == 2 and sa[1] == sb[0]:        # the common case, kept short
+        ra, ta = _lies_transposed(a)
+        rb, tb = _lies_transposed(b)
+        return g._node(MATMUL, (ra.id, rb.id), (sa[0], sb[1]), ip=_params(ta, tb, sa[1]))
     if na == 0 or nb == 0:
         s = a if na == 0 else b
         raise GraphError(f"matmul: {s.label!r} is a scalar; use * to scale")
@@ -70,15 +75,16 @@ def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
         raise GraphError(f"matmul: inner dims differ: {a.label!r} {sa} @ {b.label!r} {sb} "
                          f"({sa2[-1]} != {sb2[-2]})")
     ba, bb = sa2[:-2], sb2[:-2]
-    nd = max(len(ba), len(bb))
-    pa = (1,) * (nd - len(ba)) + ba
-    pb = (1,) * (nd - len(bb)) + bb
     batch = []
-    for x, y in zip(pa, pb):
-        if x != y and x != 1 and y != 1:
-            raise GraphError(f"matmul: batch dims of {a.label!r} {sa} and {b.label!r} {sb} "
-                             "do not broadcast")
-        batch.append(max(x, y))
+    if ba or bb:
+        nd = max(len(ba), len(bb))
+        pa = (1,) * (nd - len(ba)) + ba
+        pb = (1,) * (nd - len(bb)) + bb
+        for x, y in zip(pa, pb):
+            if x != y and x != 1 and y != 1:
+                raise GraphError(f"matmul: batch dims of {a.label!r} {sa} and {b.label!r} {sb} "
+                                 "do not broadcast")
+            batch.append(max(x, y))
     ra, ta = _lies_transposed(a2)
     rb, tb = _lies_transposed(b2)
     out = g._node(MATMUL, (ra.id, rb.id), tuple(batch) + (sa2[-2], sb2[-1]), ip=_params(ta, tb, sa2[-1]))
