@@ -127,9 +127,14 @@ def install() -> None:
     chosen = getattr(config, "CACHE_LOCATOR_CLASSES", "")       # NUMBA_CACHE_LOCATOR_CLASSES overrides the list
     if chosen and "JitgraphCacheLocator" not in chosen:
         setattr(config, "CACHE_LOCATOR_CLASSES", "jitgraph._cache.JitgraphCacheLocator," + chosen)
+    first = not os.path.isdir(CACHE_DIR)
     os.makedirs(CACHE_DIR, exist_ok=True)
     os.utime(CACHE_DIR)                # "recently used", for pruning
     _prune(ROOT, CACHE_DIR)
+    if first and os.environ.get("JITGRAPH_QUIET", "").strip() in ("", "0"):
+        print("jitgraph: first use of this build -- what a graph uses compiles on first use "
+              f"(tens of seconds; cached in {CACHE_DIR}; `jitgraph warmup` compiles ahead of time)",
+              file=sys.stderr, flush=True)
 
 
 install()

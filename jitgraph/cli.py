@@ -1,4 +1,4 @@
-"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph bench``."""
+"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph warmup``, ``jitgraph bench``."""
 import argparse
 import importlib
 import importlib.util
@@ -61,6 +61,17 @@ def tour(args: argparse.Namespace) -> int:
     return 0
 
 
+def warmup(args: argparse.Namespace) -> int:
+    """Compile the graph passes and every op's kernels into the cache, on all cores."""
+    from .warmup import DTYPES, warmup as fill
+    dtypes = list(DTYPES) if args.all else list(dict.fromkeys(args.dtype))
+    got = fill(dtypes, progress=not args.no_progress)
+    from . import _cache
+    print(f"jitgraph warmup: {int(got['functions'])} kernels and rules compiled for {', '.join(dtypes)} "
+          f"in {got['seconds']:.1f} s; cache: {_cache.CACHE_DIR}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="jitgraph", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +81,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("tour", help="build a small graph, run it, print its node table and result")
     p.add_argument("--batch", type=int, default=4)
     p.set_defaults(func=tour)
+    p = sub.add_parser("warmup", help="compile every kernel into the cache ahead of time, on all cores "
+                                      "(for CI images, Docker builds, clusters)")
+    p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"],
+                   help="the dtypes whose kernels to compile (default: float32)")
+    p.add_argument("--all", action="store_true", help="every dtype (float32 and float64)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=warmup)
     # no options of its own: what follows `bench` goes to the harness (perf/), help included
     sub.add_parser("bench", add_help=False, help="time named workloads against numpy and PyTorch eager; "
                                                  "writes JSON, markdown and plots (jitgraph bench --help)")

@@ -1,14 +1,27 @@
-"""Compiling what a graph uses, when it is used.
+"""Compiling what a graph uses, when it is used, on all cores.
 
 Each op's runner is compiled (or loaded from Numba's cache) the first time a
 program of that dtype contains the op, and each gradient rule the first time a
 backward pass meets the op (see native.py for the calling convention).  The
 results are C callbacks whose addresses fill one table per dtype (runners) and
 one for rules; the interpreter and the backward pass index them by opcode.
+
+A compile *unit* is one runner or rule.  When several units are not in the
+on-disk cache yet, worker processes (``python -m jitgraph._compile_worker``) compile
+some of them while this process compiles others: each unit is claimed by
+creating a file (``O_EXCL``: exactly one process wins it), the claims are walked
+from opposite ends, and a finished unit leaves a marker in the cache folder.
+This process then loads the workers' units from the cache.  The markers also
+say, without compiling anything, which units a first run will have to compile:
+that is when a one-line notice goes to stderr (``JITGRAPH_QUIET=1`` hides it).
 """
 import ctypes
 import os
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -17,7 +30,7 @@ from numba import cfunc, from_dtype, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from threadpoolctl import threadpool_info
 
-from . import registry
+from . import _cache, registry
 from .threads import max_threads, single_threaded_blas
 
 SKIP = -1          # runner entry of an op without a kernel (leaves, views); rule entry of ZERO_GRAD
@@ -48,6 +61,117 @@ def _compile(kind, op, dtype, sig):
     return compiled.address
 
 
+# ---- units, markers and workers -------------------------------------------------------------------
+DONE_DIR = os.path.join(_cache.CACHE_DIR, "compiled")     # one empty file per unit in the cache
+
+
+def unit_name(kind: str, code: int, dtype: str) -> str:
+    return f"{kind}-{registry.OPS[code].name}" + (f"-{dtype}" if dtype else "")
+
+
+def is_cached(kind: str, code: int, dtype: str) -> bool:
+    """Whether the unit's machine code is in the cache folder (loading it takes ms)."""
+    return os.path.exists(os.path.join(DONE_DIR, unit_name(kind, code, dtype)))
+
+
+def _signature(kind, dtype):
+    return runner_signature(dtype) if kind == "run" else RULE_SIGNATURE
+
+
+def _compile_unit(kind, code, dtype):
+    """Compile (or load) one unit and leave its marker; returns the callback's address."""
+    address = _compile(kind, registry.OPS[code], dtype, _signature(kind, dtype))
+    try:
+        os.makedirs(DONE_DIR, exist_ok=True)
+        open(os.path.join(DONE_DIR, unit_name(kind, code, dtype)), "w").close()
+    except OSError:
+        pass                           # a read-only cache: it only costs the notice's accuracy
+    return address
+
+
+def _claim(claims, unit):
+    try:
+        os.close(os.open(os.path.join(claims, "-".join(map(str, unit))), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def compile_workers(n_units: int) -> int:
+    """How many worker processes help compile ``n_units`` units: one per other usable
+    core, at most one per unit beyond the first; JITGRAPH_COMPILE_WORKERS overrides
+    (0: compile in this process only)."""
+    chosen = os.environ.get("JITGRAPH_COMPILE_WORKERS", "")
+    if chosen.strip().isdigit():
+        most = int(chosen)
+    else:
+        most = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) - 1
+    return max(0, min(most, n_units - 1))
+
+
+def quiet() -> bool:
+    return os.environ.get("JITGRAPH_QUIET", "").strip() not in ("", "0")
+
+
+def notice(message: str) -> None:
+    if not quiet():
+        print(f"jitgraph: {message}", file=sys.stderr, flush=True)
+
+
+def _start_workers(units, claims, n):
+    """Start n worker processes on ``units`` (each walks them from its own place)."""
+    env = dict(os.environ)
+    here = os.path.dirname(_cache.PACKAGE_DIR)        # import this very jitgraph, wherever it is
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["JITGRAPH_QUIET"] = "1"
+    args = [f"{kind}:{code}:{dtype}" for kind, code, dtype in units]
+    return [subprocess.Popen([sys.executable, "-m", "jitgraph._compile_worker", claims, str(i + 1), *args],
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            for i in range(n)]
+
+
+def _walk(units, start):
+    """units in the order worker ``start`` takes them (0 = this process: front to back;
+    workers from the back, each from its own place)."""
+    if start == 0:
+        return list(units)
+    back = list(reversed(units))
+    at = (start - 1) * len(back) // max(1, start)
+    return back[at:] + back[:at]
+
+
+def compile_units(units, what: str) -> list:
+    """Addresses of the callbacks of ``units`` ((kind, code, dtype) triples), compiled
+    across processes when more than one is not in the cache yet."""
+    fresh = [u for u in units if not is_cached(*u)]
+    addresses = {}
+    if fresh:
+        workers = compile_workers(len(fresh))
+        notice(f"compiling {len(fresh)} {what} (first run only"
+               + (f", {workers + 1} processes" if workers else "") + ")...")
+        start = time.perf_counter()
+        claims = tempfile.mkdtemp(prefix="jitgraph-compile-")
+        procs = _start_workers(fresh, claims, workers) if workers else []
+        try:
+            for unit in fresh:
+                if _claim(claims, unit):
+                    addresses[unit] = _compile_unit(*unit)
+            # wait for the units the workers claimed; then a worker still starting up is not needed
+            while any(p.poll() is None for p in procs) and not all(is_cached(*u) for u in fresh):
+                time.sleep(0.02)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+                p.wait()
+            for name in os.listdir(claims):
+                os.remove(os.path.join(claims, name))
+            os.rmdir(claims)
+        notice(f"compiled {len(fresh)} {what} in {time.perf_counter() - start:.1f} s")
+    # the workers' units load from the cache; a unit a worker did not finish compiles here
+    return [addresses[u] if u in addresses else _compile_unit(*u) for u in units]
+
+
 def runners(dtype, codes):
     """The runner table of ``dtype`` with every op in ``codes`` compiled."""
     dtype = np.dtype(dtype)
@@ -64,10 +188,9 @@ def runners(dtype, codes):
     todo = [int(c) for c in np.unique(codes) if table[c] == MISSING]
     if todo:
         with _lock:
-            sig = runner_signature(dtype)
-            for code in todo:
-                if table[code] == MISSING:
-                    table[code] = _compile("run", registry.OPS[code], dtype.name, sig)
+            units = [("run", code, dtype.name) for code in todo if table[code] == MISSING]
+            for (_, code, _), address in zip(units, compile_units(units, f"kernels for {dtype.name}")):
+                table[code] = address
     return table
 
 
@@ -83,9 +206,9 @@ def rules(codes):
     todo = [int(c) for c in np.unique(codes) if table[c] == MISSING and callable(registry.OPS[int(c)].vjp)]
     if todo:
         with _lock:
-            for code in todo:
-                if table[code] == MISSING:
-                    table[code] = _compile("vjp", registry.OPS[code], "", RULE_SIGNATURE)
+            units = [("vjp", code, "") for code in todo if table[code] == MISSING]
+            for (_, code, _), address in zip(units, compile_units(units, "gradient rules")):
+                table[code] = address
     return table
 
 
@@ -175,3 +298,13 @@ def natives(dtype):
             got = np.array([gemm, _blas_threads_local(gemm), 0, max_threads()], np.int64)
         _natives[dtype.name] = got
     return got
+
+
+def worker(argv) -> int:
+    """The worker process (jitgraph/_compile_worker.py): ``CLAIMS START UNIT...``, UNIT
+    being kind:code:dtype; compiles the units it can claim into the cache."""
+    claims, start, units = argv[0], int(argv[1]), [u.split(":") for u in argv[2:]]
+    for kind, code, dtype in _walk([(k, int(c), d) for k, c, d in units], start):
+        if _claim(claims, (kind, code, dtype)):
+            _compile_unit(kind, code, dtype)
+    return 0

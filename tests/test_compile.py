@@ -1,0 +1,154 @@
+"""Compiling what a graph uses: the cache folder that cannot go stale, the notices on a
+first run, compile units shared with worker processes, and ``jitgraph warmup``."""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph import _cache, compiler, registry, warmup
+from jitgraph.cli import main as cli_main
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+# a float64 forward graph of one op whose runner (ops/unary.py) calls vmath.exp from another file
+CHILD = r"""
+import numpy as np, jitgraph as jg
+g = jg.Graph(np.float64)
+x = g.input((3,), name="x")
+print(repr(float(jg.build_forward(jg.exp(x)).run({x: np.zeros(3)})[0])))
+"""
+
+
+def run_child(package_parent, cache, quiet=False):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAPH_")}
+    env.update(PYTHONPATH=str(package_parent), NUMBA_CACHE_DIR=str(cache))
+    if quiet:
+        env["JITGRAPH_QUIET"] = "1"
+    out = subprocess.run([sys.executable, "-c", CHILD], cwd=package_parent, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return float(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_first_run_notices_warm_run_quiet_and_an_edit_elsewhere_recompiles(tmp_path):
+    """A copy of the package in an empty cache: the first process says it compiles, the
+    second loads silently, and editing vmath.py (not the file of the exp runner, which is
+    all Numba's own cache would check) changes the answer with no cache clearing."""
+    shutil.copytree(ROOT / "jitgraph", tmp_path / "jitgraph", ignore=shutil.ignore_patterns(".jitcache", "__pycache__"))
+    cache = tmp_path / "cache"
+    value, err = run_child(tmp_path, cache)
+    assert value == 1.0
+    assert "jitgraph: first use of this build" in err
+    assert "compiling 1 kernels for float64" in err
+    value, err = run_child(tmp_path, cache)
+    assert value == 1.0
+    assert "jitgraph:" not in err                      # warm: nothing to say
+    vmath = tmp_path / "jitgraph" / "vmath.py"
+    text = vmath.read_text()
+    assert text.count("return lambda x: math.exp(x)\n") == 1
+    vmath.write_text(text.replace("return lambda x: math.exp(x)\n", "return lambda x: math.exp(x) + 1.0\n"))
+    value, err = run_child(tmp_path, cache, quiet=True)
+    assert value == 2.0                                # the edit is live
+    assert "jitgraph:" not in err                      # JITGRAPH_QUIET=1, although it compiled
+    folders = sorted(p.name for p in (cache / "jitgraph").iterdir())
+    assert len(folders) == 2 and all(f.startswith("k-") for f in folders)
+
+
+def test_cache_key_names_every_source_file(tmp_path):
+    assert _cache.CACHE_DIR.endswith("k-" + _cache.source_key())
+    names = {os.path.relpath(p, _cache.PACKAGE_DIR) for p in _cache._source_files()}
+    assert {"vmath.py", "compiler.py", os.path.join("ops", "unary.py")} <= names
+
+
+def test_read_only_package_folder_falls_back_to_a_user_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(_cache, "PACKAGE_DIR", str(tmp_path / "not-writable"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    real = _cache._writable
+    monkeypatch.setattr(_cache, "_writable", lambda p: False if "not-writable" in p else real(p))
+    assert _cache.cache_root() == str(tmp_path / "user" / "jitgraph")
+
+
+def test_walks_split_the_units_from_both_ends():
+    units = list(range(10))
+    assert compiler._walk(units, 0) == units
+    assert compiler._walk(units, 1) == units[::-1]
+    two = compiler._walk(units, 2)
+    assert sorted(two) == units and two[0] not in (units[0], units[-1])
+
+
+def test_a_unit_is_claimed_once(tmp_path):
+    unit = ("run", registry.BY_NAME["relu"].code, "float32")
+    assert compiler._claim(str(tmp_path), unit)
+    assert not compiler._claim(str(tmp_path), unit)
+
+
+def test_compile_workers_follow_the_environment(monkeypatch):
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "0")
+    assert compiler.compile_workers(10) == 0
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "3")
+    assert compiler.compile_workers(10) == 3
+    assert compiler.compile_workers(2) == 1            # never more workers than units beyond the first
+    assert compiler.compile_workers(1) == 0
+
+
+def test_units_a_dead_worker_left_compile_here(tmp_path, monkeypatch, capsys):
+    """Workers that exit without compiling anything: this process compiles every unit,
+    leaves its marker and returns working callbacks."""
+    monkeypatch.setattr(compiler, "DONE_DIR", str(tmp_path / "compiled"))   # every unit looks new
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
+    monkeypatch.delenv("JITGRAPH_QUIET", raising=False)
+    started = []
+
+    def dead_workers(units, claims, n):
+        started.append((len(units), n))
+        return [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(n)]
+
+    monkeypatch.setattr(compiler, "_start_workers", dead_workers)
+    codes = [registry.BY_NAME[name].code for name in ("neg", "abs", "sqrt")]
+    units = [("run", c, "float64") for c in codes]
+    addresses = compiler.compile_units(units, "kernels for float64")
+    assert started == [(3, 1)]
+    assert all(a != 0 for a in addresses)
+    assert all(compiler.is_cached(*u) for u in units)
+    err = capsys.readouterr().err
+    assert "compiling 3 kernels for float64 (first run only, 2 processes)" in err
+    assert "compiled 3 kernels for float64 in" in err
+    # and the callbacks compute: run a graph through the same tables
+    g = jg.Graph(np.float64)
+    x = g.input((4,), name="x")
+    out = jg.build_forward(jg.sqrt(jg.abs(jg.neg(x)))).run({x: np.array([-4.0, 1.0, 9.0, 0.0])})
+    np.testing.assert_array_equal(out, [2.0, 1.0, 3.0, 0.0])
+
+
+def test_quiet_means_no_notice(monkeypatch, capsys):
+    monkeypatch.setenv("JITGRAPH_QUIET", "1")
+    compiler.notice("hello")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("JITGRAPH_QUIET", "0")
+    compiler.notice("hello")
+    assert capsys.readouterr().err == "jitgraph: hello\n"
+
+
+def test_warmup_fills_every_unit_of_a_dtype():
+    got = warmup.warmup(["float32"], progress=False)
+    assert got["seconds"] >= 0
+    missing = [compiler.unit_name(*u) for u in warmup.units(["float32"]) if not compiler.is_cached(*u)]
+    assert missing == []
+    every = warmup.units(["float32"])
+    assert {c for k, c, _ in every if k == "run"} == {op.code for op in registry.OPS.values() if op.runner}
+    assert warmup.warmup(["float32"], progress=False)["functions"] == 0     # all there now
+
+
+def test_warmup_command_line(capsys):
+    assert cli_main(["warmup", "--no-progress"]) == 0
+    assert "kernels and rules compiled for float32" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["warmup", "--dtype", "float16"])
+    with pytest.raises(ValueError, match="float16"):
+        warmup.warmup(["float16"])
