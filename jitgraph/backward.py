@@ -161,6 +161,7 @@ def differentiate(graph: Graph, order: np.ndarray, loss_id: int, zero_table: boo
         raise GraphError(f"build_backward: op {OPS[int(nodes.op[node])].name!r} of tensor "
                          f"{graph.label(node)!r} has no gradient rule, but a param's gradient "
                          "flows through it")
+    compiler.prefetch(graph.dtype, nodes.op[:nodes.n])     # the gradient nodes' kernels, in the background
     params = order[(nodes.flags[order] & F_PARAM) != 0].astype(np.int64)
     nodes.reserve(params.size + 1)
     st[1] = nodes.capacity

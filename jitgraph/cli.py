@@ -10,7 +10,9 @@ import numpy as np
 
 import jitgraph as jg
 
+from . import _cache
 from .demo import add_arguments as demo_arguments, main as run_demo
+from .warmup import DTYPES, warmup as fill
 
 PERF = "jitgraph._perf"
 # a checkout's perf/ folder, next to this jitgraph/ (the wheel ships it as jitgraph/_perf/)
@@ -63,10 +65,8 @@ def tour(args: argparse.Namespace) -> int:
 
 def warmup(args: argparse.Namespace) -> int:
     """Compile the graph passes and every op's kernels into the cache, on all cores."""
-    from .warmup import DTYPES, warmup as fill
     dtypes = list(DTYPES) if args.all else list(dict.fromkeys(args.dtype))
     got = fill(dtypes, progress=not args.no_progress)
-    from . import _cache
     print(f"jitgraph warmup: {int(got['functions'])} kernels and rules compiled for {', '.join(dtypes)} "
           f"in {got['seconds']:.1f} s; cache: {_cache.CACHE_DIR}")
     return 0

@@ -15,8 +15,10 @@ This process then loads the workers' units from the cache.  The markers also
 say, without compiling anything, which units a first run will have to compile:
 that is when a one-line notice goes to stderr (``JITGRAPH_QUIET=1`` hides it).
 """
+import atexit
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +97,8 @@ def _claim(claims, unit):
         return True
     except FileExistsError:
         return False
+    except OSError:                    # the claims folder is gone: the process that made it ended
+        return False
 
 
 def compile_workers(n_units: int) -> int:
@@ -118,6 +122,31 @@ def notice(message: str) -> None:
         print(f"jitgraph: {message}", file=sys.stderr, flush=True)
 
 
+_claims_dir: list = []             # this process's claims folder, shared by every batch of units
+_workers: list = []                # worker processes started by this process
+
+
+def _claims():
+    if not _claims_dir:
+        _claims_dir.append(tempfile.mkdtemp(prefix="jitgraph-compile-"))
+        atexit.register(_end_workers)
+    return _claims_dir[0]
+
+
+def _end_workers():
+    """At exit: stop workers still compiling (units they finish would only go unused)."""
+    for p in _workers:
+        if p.poll() is None:
+            p.terminate()
+        p.wait()
+    shutil.rmtree(_claims_dir[0], ignore_errors=True)
+
+
+def _live():
+    _workers[:] = [p for p in _workers if p.poll() is None]
+    return _workers
+
+
 def _start_workers(units, claims, n):
     """Start n worker processes on ``units`` (each walks them from its own place)."""
     env = dict(os.environ)
@@ -128,6 +157,15 @@ def _start_workers(units, claims, n):
     return [subprocess.Popen([sys.executable, "-m", "jitgraph._compile_worker", claims, str(i + 1), *args],
                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             for i in range(n)]
+
+
+def _spawn(units, busy_too=False):
+    """Workers for ``units``, as many as the cores allow beside the ones still running
+    (``busy_too``: one more than that while those are busy with earlier units)."""
+    n = compile_workers(len(units) + 1) - len(_live()) + (1 if busy_too and _workers else 0)
+    if n > 0:
+        _workers.extend(_start_workers(units, _claims(), n))
+    return len(_workers)
 
 
 def _walk(units, start):
@@ -146,30 +184,51 @@ def compile_units(units, what: str) -> list:
     fresh = [u for u in units if not is_cached(*u)]
     addresses = {}
     if fresh:
-        workers = compile_workers(len(fresh))
+        start = time.perf_counter()
+        workers = _spawn(fresh) if len(fresh) > 1 else len(_live())
         notice(f"compiling {len(fresh)} {what} (first run only"
                + (f", {workers + 1} processes" if workers else "") + ")...")
-        start = time.perf_counter()
-        claims = tempfile.mkdtemp(prefix="jitgraph-compile-")
-        procs = _start_workers(fresh, claims, workers) if workers else []
-        try:
-            for unit in fresh:
-                if _claim(claims, unit):
-                    addresses[unit] = _compile_unit(*unit)
-            # wait for the units the workers claimed; then a worker still starting up is not needed
-            while any(p.poll() is None for p in procs) and not all(is_cached(*u) for u in fresh):
-                time.sleep(0.02)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                p.wait()
-            for name in os.listdir(claims):
-                os.remove(os.path.join(claims, name))
-            os.rmdir(claims)
+        claims = _claims()
+        for unit in fresh:
+            if _claim(claims, unit):
+                addresses[unit] = _compile_unit(*unit)
+        while _live() and not all(is_cached(*u) for u in fresh):    # units the workers claimed
+            time.sleep(0.02)
         notice(f"compiled {len(fresh)} {what} in {time.perf_counter() - start:.1f} s")
     # the workers' units load from the cache; a unit a worker did not finish compiles here
     return [addresses[u] if u in addresses else _compile_unit(*u) for u in units]
+
+
+def _new_units(kind, dtype, codes):
+    table = _runner_tables.get(dtype) if kind == "run" else (_rule_table[0] if _rule_table else None)
+    present = np.flatnonzero(np.bincount(np.asarray(codes, np.int64), minlength=registry.n_codes()))
+    out = []
+    for code in present.tolist():
+        op = registry.OPS.get(code)
+        if op is None or (table is not None and code < table.size and table[code] != MISSING):
+            continue
+        wanted = op.runner is not None if kind == "run" else callable(op.vjp)
+        if wanted and not is_cached(kind, code, dtype):
+            out.append((kind, code, dtype))
+    return out
+
+
+def prefetch(dtype, codes, rules_too=False) -> None:
+    """Start compiling, in worker processes, the runners (and with ``rules_too`` the rules)
+    of the ops in ``codes`` that are not in the cache; returns at once.  The graph
+    passes call it as soon as they know what a program will run, so the kernels compile
+    while this process compiles and runs the passes."""
+    if compile_workers(2) == 0:
+        return
+    name = np.dtype(dtype).name
+    kernels = _new_units("run", name, codes)
+    rules = _new_units("vjp", "", codes) if rules_too else []
+    if kernels or rules:
+        with _lock:
+            _spawn(kernels + rules, busy_too=True)      # walked from the back: the rules come first
+        what = [f"{len(kernels)} kernels for {name}"] if kernels else []
+        what += [f"{len(rules)} gradient rules"] if rules else []
+        notice(f"compiling {' and '.join(what)} in the background (first run only)...")
 
 
 def runners(dtype, codes):

@@ -208,9 +208,15 @@ class Program:
         self._bind(feeds, mem)
         g = self.graph
         salt = _salt(seed)
-        runners = compiler.runners(g.dtype, g.nodes.op[self.order])
         natives = compiler.natives(g.dtype)
         split = table("split")
+        if g.dtype.name not in _interpreter_ready:
+            # the first run of this dtype: the interpreter compiles (or loads) on an empty
+            # order here, while worker processes compile the kernels build_forward asked for
+            run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
+                      np.zeros(1, np.int64), natives, split)
+            _interpreter_ready.add(g.dtype.name)
+        runners = compiler.runners(g.dtype, g.nodes.op[self.order])
         enter_run()
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
@@ -367,6 +373,9 @@ class Program:
         return "\n".join(lines)
 
 
+_interpreter_ready: set = set()     # dtypes whose run_nodes this process has compiled or loaded
+
+
 class ForwardGraph(Program):
     """The nodes that ``outputs`` need, in execution order, with a memory plan."""
 
@@ -380,6 +389,8 @@ def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = Tru
     and plan its memory (``in_place=False``: no elementwise op overwrites a source)."""
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
+    # a first run's kernels (and, with params, gradient rules) start compiling in other processes now
+    compiler.prefetch(g.dtype, g.nodes.op[:g.nodes.n], rules_too=bool(g.params))
     order = execution_order(g, [t.id for t in outs], "build_forward")
     for t in outs:
         g.nodes.flags[t.id] |= F_OUTPUT

@@ -13,8 +13,18 @@ import time
 from typing import Dict, Iterable, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from . import compiler, registry
+from .autodiff import build_backward
+from .errors import GraphError
+from .graph import Graph
+from .ops.binary import add
+from .ops.linear import matmul
+from .ops.softmaxes import cross_entropy
+from .ops.unary import relu
+from .optim import SGD, AdamW
+from .program import build_forward
 
 DTYPES = ("float32", "float64")
 
@@ -22,16 +32,6 @@ DTYPES = ("float32", "float64")
 def _passes(dtype: str) -> None:
     """Build, run, differentiate (plain, checkpointed, under a budget) and step a small
     model: compiles the graph passes, the interpreter and the optimizers."""
-    from .autodiff import build_backward
-    from .errors import GraphError
-    from .graph import Graph
-    from .ops.binary import add
-    from .ops.linear import matmul
-    from .ops.softmaxes import cross_entropy
-    from .ops.unary import relu
-    from .optim import SGD, AdamW
-    from .program import build_forward
-
     rng = np.random.default_rng(0)
     g = Graph(np.dtype(dtype))
     x = g.input((8, 16), name="x")
@@ -76,7 +76,6 @@ def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[
     todo = [u for u in units(dtypes) if not compiler.is_cached(*u)]
     bar = None
     if progress and not compiler.quiet():
-        from tqdm.auto import tqdm
         bar = tqdm(total=len(todo) + len(dtypes), desc="jitgraph warmup", unit="fn", leave=True)
     claims = tempfile.mkdtemp(prefix="jitgraph-warmup-")
     procs = compiler._start_workers(todo, claims, compiler.compile_workers(len(todo) + 1)) if todo else []

@@ -62,7 +62,7 @@ def check_common(report, md, out):
     d = report["results"]["d"]
     assert {"params", "ops", "build_forward", "build_backward", "total"} <= set(d["median_s"])
 
-    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "g", "g", "k"]
+    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "k"]
     assert "## Targets" in md and "(a) tiny-op chain" in md and "## Environment" in md
     assert (out / "a.png").stat().st_size > 0 and (out / "d.png").stat().st_size > 0
 
@@ -148,3 +148,15 @@ def test_perf_script_quick(tmp_path, name):
     res = report["results"][name]
     assert f"## {res['title']}" in md and "## Environment" in md
     assert report["env"]["threads"] == 1
+
+
+def test_compile_time_children_report_every_phase():
+    """Workload (f)'s two programs, run warm on this checkout's cache: the MLP reports
+    its phases (which add up to its first gradient), the demo its first output."""
+    compile_time = importlib.import_module(perf_package().__name__ + ".compile_time")
+    mlp = compile_time.mlp_process(None, 1)
+    assert set(compile_time.PHASES) <= set(mlp)
+    assert abs(sum(mlp[p] for p in compile_time.PHASES) - mlp["first_gradient_s"]) < 0.05
+    assert 0 < mlp["first_gradient_s"] < mlp["wall_s"]
+    demo = compile_time.demo_process(None, 1, 1)
+    assert 0 < demo["first_output_s"] < demo["wall_s"]

@@ -100,6 +100,8 @@ def test_compile_workers_follow_the_environment(monkeypatch):
 def test_units_a_dead_worker_left_compile_here(tmp_path, monkeypatch, capsys):
     """Workers that exit without compiling anything: this process compiles every unit,
     leaves its marker and returns working callbacks."""
+    for p in compiler._live():                      # workers an earlier test started
+        p.wait()
     monkeypatch.setattr(compiler, "DONE_DIR", str(tmp_path / "compiled"))   # every unit looks new
     monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
     monkeypatch.delenv("JITGRAPH_QUIET", raising=False)
@@ -152,3 +154,26 @@ def test_warmup_command_line(capsys):
         cli_main(["warmup", "--dtype", "float16"])
     with pytest.raises(ValueError, match="float16"):
         warmup.warmup(["float16"])
+
+
+def test_prefetch_starts_workers_only_for_new_units(tmp_path, monkeypatch):
+    """build_forward hands the graph's ops to prefetch: units in the cache start nothing,
+    new ones start a worker on the runners and (with rules_too) the rules."""
+    for p in compiler._live():
+        p.wait()
+    started = []
+    monkeypatch.setattr(compiler, "_start_workers", lambda units, claims, n: started.append((units, n)) or [])
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
+    relu = registry.BY_NAME["relu"].code
+    compiler.runners(np.float32, [relu])
+    compiler.rules([relu])
+    compiler.prefetch(np.float32, [relu, relu], rules_too=True)
+    assert started == []                               # compiled in this process already
+    monkeypatch.setattr(compiler, "DONE_DIR", str(tmp_path / "compiled"))
+    monkeypatch.setattr(compiler, "_runner_tables", {})
+    monkeypatch.setattr(compiler, "_rule_table", [])
+    compiler.prefetch(np.float32, [relu, relu], rules_too=True)
+    assert started == [([("run", relu, "float32"), ("vjp", relu, "")], 1)]
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "0")
+    compiler.prefetch(np.float64, [relu])
+    assert len(started) == 1                           # no workers wanted: nothing starts
