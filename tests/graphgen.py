@@ -108,6 +108,8 @@ def _draw_instruction(draw, family, op, vals):
             return op, (("p", (EMBED_ROWS, a[1])), ("c", np.arange(rows) * 3 % EMBED_ROWS)), {}
         return op, (("v", i, "any"), ("c", np.arange(a[0]) * 2 % EMBED_ROWS)), {"n_rows": EMBED_ROWS}
     if family == "loss":
+        if op == "cross_entropy_d":                      # logits, targets and the loss's scalar gradient
+            return op, (("v", i, "any"), ("c", _targets(a)), ("c", np.array(0.5))), {}
         return op, (("v", i, "any"), ("c", _targets(a))), {}
     raise ValueError(f"unknown fuzz family {family!r}")
 

@@ -52,6 +52,15 @@ def probs(*shape):
     return draw
 
 
+def masses(*shape):
+    """Targets that are not probabilities: rows of any sum, the first row all zero (a masked row)."""
+    def draw(rng):
+        t = rng.random(shape) * 0.8
+        t[0] = 0.0
+        return t
+    return draw
+
+
 def one(draw):
     return lambda rng: [draw(rng)]
 
@@ -161,6 +170,8 @@ REF = {
     "cross_entropy": Case(lambda x, t: -(t * np.log(softmax(x))).sum(-1).mean(), lambda r: [u(4, 5)(r),
                                                                                              probs(4, 5)(r)],
                           "loss"),
+    "cross_entropy_d": Case(lambda x, t, g: (softmax(x) * t.sum(-1, keepdims=True) - t) * g * x.shape[-1] / x.size,
+                            lambda r: [u(4, 5)(r), masses(4, 5)(r), np.array(0.7)], "loss"),
     "layer_norm": Case(lambda x, eps: norm(x, eps, True), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
     "rms_norm": Case(lambda x, eps: norm(x, eps, False), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
     "softmax_d": Case(lambda g, y, axis: y * (g - (g * y).sum(axis, keepdims=True)),

@@ -150,6 +150,15 @@ def test_cross_entropy_both_arguments(shape):
     check(jg.cross_entropy, [r(*shape), t])
 
 
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 4)])
+def test_cross_entropy_targets_that_are_not_probabilities(shape):
+    """Rows of targets summing to anything (the first one all zero: a masked row): the
+    logits' gradient carries sum(target), which the rule once assumed to be 1."""
+    t = RNG.random(shape) * 0.8
+    t.reshape(-1, shape[-1])[0] = 0.0
+    check(jg.cross_entropy, [r(*shape), t])
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("shape", [(6,), (3, 5), (2, 2, 4)])
 def test_norms(name, shape):

@@ -1,13 +1,14 @@
 """softmax and log_softmax along any axis, cross_entropy (mean over rows of the last
-axis), and the fused backward kernels of the first two.
+axis), and the fused backward kernels of all three.
 
 Calling convention: a line is the run of elements along the softmax axis (ip[0],
 padded); units of work are lines (split CUSTOM), a line is computed by one call.
 On the last axis lines are contiguous and the kernels take a fast path: each exp
 computed once, float32 math in float32 (vmath), sums with eight running partials.
-The gradients are one node each -- ``softmax_d(g, y) = y (g - sum(g y))`` and
-``log_softmax_d(g, y) = g - exp(y) sum(g)`` -- with their own rules, so second
-order still works.
+The gradients are one node each -- ``softmax_d(g, y) = y (g - sum(g y))``,
+``log_softmax_d(g, y) = g - exp(y) sum(g)`` and cross entropy's
+``(softmax(x) sum(t) - t) g / rows`` -- with their own rules, so second order
+still works.
 """
 import numpy as np
 from numba import njit
@@ -17,7 +18,7 @@ from ..errors import GraphError
 from ..graph import Operand, Tensor
 from ..ir import MAX_DIMS
 from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
-from ..registry import COMPUTE, CUSTOM, defop
+from ..registry import COMPUTE, CUSTOM, ROWS, defop
 from ..status import OK
 from .. import vmath
 from ..vmath import dot8, in_dtype_of, max8, sum8
@@ -31,6 +32,7 @@ __all__ = ["softmax", "log_softmax", "cross_entropy"]
 
 SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY = 38, 39, 40
 SOFTMAX_D, LOG_SOFTMAX_D = 49, 50
+CROSS_ENTROPY_D = 53
 
 
 # ---- the family's calling convention ------------------------------------------------------------
@@ -295,15 +297,14 @@ def _run_cross_entropy(n, lo, hi, ctx, mem, store):
     return cross_entropy_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[v.src[n, 0], 3])
 
 
-def _vjp_cross_entropy(n, k, g, ctx):          # (softmax(l) - t) g / rows ;  -log_softmax(l) g / rows
+def _vjp_cross_entropy(n, k, g, ctx):          # one fused node ;  -log_softmax(l) g / rows
     G, st = rule_view(ctx)
     x = G.src[n, 0]
-    rows = G.shape[x, 0] * G.shape[x, 1] * G.shape[x, 2]
     if k == 0:
-        s = grad_node(G, st, SOFTMAX, x, -1, x, n, k)
-        G.ip[s, 0] = 3
-        d = grad_node(G, st, SUB, s, G.src[n, 1], x, n, k)
-        return grad_node(G, st, MUL, d, scaled(G, st, g, 1.0 / rows, n, k), x, n, k)
+        d = grad_node(G, st, CROSS_ENTROPY_D, x, G.src[n, 1], x, n, k)
+        G.src[d, 2] = g
+        return d
+    rows = G.shape[x, 0] * G.shape[x, 1] * G.shape[x, 2]
     s = grad_node(G, st, LOG_SOFTMAX, x, -1, x, n, k)
     G.ip[s, 0] = 3
     return grad_node(G, st, MUL, s, scaled(G, st, g, -1.0 / rows, n, k), x, n, k)
@@ -311,3 +312,77 @@ def _vjp_cross_entropy(n, k, g, ctx):          # (softmax(l) - t) g / rows ;  -l
 
 defop(CROSS_ENTROPY, "cross_entropy", cross_entropy, _run_cross_entropy, _vjp_cross_entropy, arity=2,
       cost=COMPUTE, flops=12)
+
+
+# ---- cross_entropy's gradient ----------------------------------------------------------------------
+def cross_entropy_d(logits: Tensor, target_probs: Tensor, g: Tensor) -> Tensor:
+    """cross_entropy's gradient with respect to the logits: (softmax(logits) sum(target) -
+    target) g / rows, row by row (sum(target) is 1 for probabilities; a row of zero targets,
+    a masked row, gets a zero gradient); g is the loss's incoming gradient, a scalar."""
+    lg = need_tensor(logits, "cross_entropy_d")
+    t = need_tensor(target_probs, "cross_entropy_d")
+    gg = need_tensor(g, "cross_entropy_d")
+    if lg.ndim == 0 or t.shape != lg.shape or gg.shape != () or lg.graph is not t.graph \
+            or t.graph is not gg.graph:
+        raise GraphError(f"cross_entropy_d: logits {lg.label!r} {lg.shape} and target {t.label!r} {t.shape} "
+                         f"must share a shape (>= 1 dim) and g {gg.label!r} {gg.shape} must be a scalar, "
+                         "all of one graph")
+    return lg.graph._node(CROSS_ENTROPY_D, (lg.id, t.id, gg.id), lg.shape)
+
+
+@njit(cache=True, error_model="numpy")
+def cross_entropy_d_rows(out, x, t, scale, c, lo, hi):
+    """Rows [lo, hi) (length c) of (softmax(x) sum(t) - t) scale."""
+    zero = in_dtype_of(x, 0.0)
+    ninf = in_dtype_of(x, -np.inf)
+    for r in range(lo, hi):
+        o = out[r * c:(r + 1) * c]
+        xs = x[r * c:(r + 1) * c]
+        ts = t[r * c:(r + 1) * c]
+        m = max8(xs)
+        m = zero if m == ninf else m
+        for j in range(c):
+            o[j] = vmath.exp(xs[j] - m)
+        k = sum8(ts) / sum8(o)
+        for j in range(c):
+            o[j] = (o[j] * k - ts[j]) * scale
+    return OK
+
+
+def _run_cross_entropy_d(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    out = output(v, n)
+    c = v.shape[n, 3]
+    rows = out.size // c
+    lo, hi = span(lo, hi, rows)
+    g = operand(v, n, 2)
+    return cross_entropy_d_rows(out, operand(v, n, 0), operand(v, n, 1), in_dtype_of(out, g[0] / rows), c, lo, hi)
+
+
+def _vjp_cross_entropy_d(n, k, h, ctx):
+    """out = c (s T - t), s = softmax(x), T = sum(t) per row, c = g / rows.  Through x:
+    c T softmax_d(h, s); through t: c (sum(h s) - h); through g: sum(h (s T - t)) / rows
+    (the backward pass sums it down to g's shape)."""
+    G, st = rule_view(ctx)
+    x = G.src[n, 0]
+    t = G.src[n, 1]
+    g = G.src[n, 2]
+    rows = G.shape[x, 0] * G.shape[x, 1] * G.shape[x, 2]
+    s = grad_node(G, st, SOFTMAX, x, -1, x, n, k)
+    G.ip[s, 0] = 3
+    if k == 1:
+        hs = row_reduce(G, st, SUM, grad_node(G, st, MUL, h, s, x, n, k), x, 3, n, k)
+        return grad_node(G, st, MUL, grad_node(G, st, SUB, hs, h, x, n, k), scaled(G, st, g, 1.0 / rows, n, k),
+                         x, n, k)
+    total = row_reduce(G, st, SUM, t, x, 3, n, k)
+    if k == 0:
+        sd = grad_node(G, st, SOFTMAX_D, h, s, x, n, k)
+        G.ip[sd, 0] = 3
+        return grad_node(G, st, MUL, grad_node(G, st, MUL, sd, total, x, n, k), scaled(G, st, g, 1.0 / rows, n, k),
+                         x, n, k)
+    d = grad_node(G, st, SUB, grad_node(G, st, MUL, s, total, x, n, k), t, x, n, k)
+    return scaled(G, st, grad_node(G, st, MUL, h, d, x, n, k), 1.0 / rows, n, k)
+
+
+defop(CROSS_ENTROPY_D, "cross_entropy_d", cross_entropy_d, _run_cross_entropy_d, _vjp_cross_entropy_d, arity=3,
+      cost=COMPUTE, flops=14, split=ROWS, public=False)
