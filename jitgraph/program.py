@@ -269,10 +269,15 @@ class Program:
         if status == ERR_INDEX:
             idx = int(g.nodes.src[node, 1])
             value = self.value_of(idx, mem).reshape(-1)[detail]
-            rows = int(g.nodes.shape[node, 2] if OPS[int(g.nodes.op[node])].name == "scatter_add"
-                       else g.nodes.shape[int(g.nodes.src[node, 0]), 2])
-            return GraphError(f"{OPS[int(g.nodes.op[node])].name} {label!r}: index {value:g} at position "
-                              f"{detail} of {g.label(idx)!r} is not an integer in [0, {rows})")
+            op = OPS[int(g.nodes.op[node])].name
+            src = int(g.nodes.src[node, 0])
+            # the valid range: the table's rows (embedding), the output's (scatter_add), the classes
+            bound = int(g.nodes.shape[node, 2] if op == "scatter_add" else
+                        g.nodes.shape[src, 3] if op.startswith("cross_entropy") else g.nodes.shape[src, 2])
+            ignore = f" nor ignore_index {int(g.nodes.ip[node, 1])}" if op.startswith("cross_entropy") and \
+                int(g.nodes.ip[node, 0]) else ""
+            return GraphError(f"{op} {label!r}: index {value:g} at position {detail} of {g.label(idx)!r} "
+                              f"is not an integer in [0, {bound}){ignore}")
         if status == ERR_NOT_COMPILED:
             return GraphError(f"node {label!r}: opcode {detail} has no compiled runner")
         return GraphError(f"run failed at node {label!r} (status {status})")

@@ -110,6 +110,11 @@ def _draw_instruction(draw, family, op, vals):
     if family == "loss":
         if op == "cross_entropy_d":                      # logits, targets and the loss's scalar gradient
             return op, (("v", i, "any"), ("c", _targets(a)), ("c", np.array(0.5))), {}
+        classes = np.arange(a[0]) * 3 % a[1]             # integer class ids, one per row
+        if op == "cross_entropy_index":
+            return op, (("v", i, "any"), ("c", classes)), {"ignore_index": int(classes[-1]) if a[0] > 2 else None}
+        if op == "cross_entropy_index_d":
+            return op, (("v", i, "any"), ("c", classes), ("c", np.array(0.5))), {"ignore_index": None}
         return op, (("v", i, "any"), ("c", _targets(a))), {}
     raise ValueError(f"unknown fuzz family {family!r}")
 

@@ -52,6 +52,20 @@ def probs(*shape):
     return draw
 
 
+def ce_classes(x, t, ignore_index=None):
+    """Cross entropy of rows of x against class ids t, rows with ignore_index left out."""
+    keep = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    logp = np.log(softmax(x))
+    picked = np.take_along_axis(logp, np.where(keep, t, 0)[..., None], -1)[..., 0]
+    return -(picked * keep).sum() / max(int(keep.sum()), 1)
+
+
+def ce_classes_d(x, t, g, ignore_index=None):
+    keep = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    onehot = np.eye(x.shape[-1])[np.where(keep, t, 0)]
+    return (softmax(x) - onehot) * keep[..., None] * g / max(int(keep.sum()), 1)
+
+
 def masses(*shape):
     """Targets that are not probabilities: rows of any sum, the first row all zero (a masked row)."""
     def draw(rng):
@@ -170,6 +184,11 @@ REF = {
     "cross_entropy": Case(lambda x, t: -(t * np.log(softmax(x))).sum(-1).mean(), lambda r: [u(4, 5)(r),
                                                                                              probs(4, 5)(r)],
                           "loss"),
+    "cross_entropy_index": Case(lambda x, t, ignore_index: ce_classes(x, t, ignore_index),
+                                lambda r: [u(4, 5)(r), np.array([1, 0, 4, 2])], "loss", dict(ignore_index=4)),
+    "cross_entropy_index_d": Case(lambda x, t, g, ignore_index: ce_classes_d(x, t, g, ignore_index),
+                                  lambda r: [u(4, 5)(r), np.array([3, 2, 0, 2]), np.array(1.3)], "loss",
+                                  dict(ignore_index=2), grad=False),
     "cross_entropy_d": Case(lambda x, t, g: (softmax(x) * t.sum(-1, keepdims=True) - t) * g * x.shape[-1] / x.size,
                             lambda r: [u(4, 5)(r), masses(4, 5)(r), np.array(0.7)], "loss"),
     "layer_norm": Case(lambda x, eps: norm(x, eps, True), one(u(3, 6)), "rowwise", dict(eps=1e-5)),

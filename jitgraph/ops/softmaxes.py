@@ -10,16 +10,18 @@ The gradients are one node each -- ``softmax_d(g, y) = y (g - sum(g y))``,
 ``(softmax(x) sum(t) - t) g / rows`` -- with their own rules, so second order
 still works.
 """
+from typing import Optional, Union
+
 import numpy as np
 from numba import njit
 
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Operand, Tensor
-from ..ir import MAX_DIMS
-from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
+from ..ir import F_INDEX, MAX_DIMS
+from ..native import RUN_DETAIL, RUN_EXTENT, operand, output, rule_view, run_view, span
 from ..registry import COMPUTE, CUSTOM, ROWS, defop
-from ..status import OK
+from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
 from .. import vmath
 from ..vmath import dot8, in_dtype_of, max8, sum8
 from .binary import MUL, SUB, scaled
@@ -32,7 +34,8 @@ __all__ = ["softmax", "log_softmax", "cross_entropy"]
 
 SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY = 38, 39, 40
 SOFTMAX_D, LOG_SOFTMAX_D = 49, 50
-CROSS_ENTROPY_D = 53
+CROSS_ENTROPY_D, CROSS_ENTROPY_INDEX, CROSS_ENTROPY_INDEX_D = 53, 54, 55
+_MAX_EXACT_CLASS = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
 
 
 # ---- the family's calling convention ------------------------------------------------------------
@@ -262,16 +265,27 @@ defop(LOG_SOFTMAX_D, "log_softmax_d", log_softmax_d, _run_log_softmax_d, _vjp_lo
 
 
 # ---- cross_entropy --------------------------------------------------------------------------------
-def cross_entropy(logits: Operand, target_probs: Operand) -> Tensor:
-    """mean over rows of -sum(target * log_softmax(logits), axis=-1); a scalar."""
-    g = graph_of("cross_entropy", logits, target_probs)
+def cross_entropy(logits: Operand, targets: Union[Operand, np.ndarray], ignore_index: Optional[int] = None) -> Tensor:
+    """The mean over rows (all axes but the last) of the cross entropy of ``logits`` (a
+    scalar).  ``targets`` are probabilities shaped like logits (the row's loss is
+    -sum(target * log_softmax(row)); rows need not sum to 1, a row of zeros adds nothing),
+    or integer class ids shaped logits.shape[:-1] -- an index input
+    (``g.input(shape, dtype=np.int64)``) or an integer array -- whose row loss is
+    logsumexp(row) - row[class]; rows whose id equals ``ignore_index`` are left out of the
+    loss and of the mean.  No one-hot array is ever built."""
+    g = graph_of("cross_entropy", logits, targets)
     lg = as_tensor(logits, g, "cross_entropy")
-    target = as_tensor(target_probs, g, "cross_entropy")
     if lg.ndim == 0:
         raise GraphError(f"cross_entropy: logits {lg.label!r} need at least 1 dim")
+    if is_class_targets(g, lg, targets):
+        return cross_entropy_index(lg, targets, ignore_index)  # type: ignore[arg-type]  # checked just above
+    if ignore_index is not None:
+        raise GraphError("cross_entropy: ignore_index needs integer class targets shaped like logits "
+                         f"{lg.label!r} {lg.shape} without the last axis")
+    target = as_tensor(targets, g, "cross_entropy")
     if target.shape != lg.shape:
         raise GraphError(f"cross_entropy: target {target.label!r} {target.shape} must have the shape "
-                         f"of logits {lg.label!r} {lg.shape}")
+                         f"of logits {lg.label!r} {lg.shape} (probabilities), or {lg.shape[:-1]} (integer classes)")
     return g._node(CROSS_ENTROPY, (lg.id, target.id), ())
 
 
@@ -385,4 +399,181 @@ def _vjp_cross_entropy_d(n, k, h, ctx):
 
 
 defop(CROSS_ENTROPY_D, "cross_entropy_d", cross_entropy_d, _run_cross_entropy_d, _vjp_cross_entropy_d, arity=3,
+      cost=COMPUTE, flops=14, split=ROWS, public=False)
+
+
+# ---- cross_entropy with integer class targets -------------------------------------------------------
+def _class_targets(g, lg: Tensor, targets, ignore_index, what: str) -> Tensor:
+    """An index tensor of class ids shaped logits.shape[:-1]: an index input, or an integer
+    array (made a const) whose values lie in [0, C) or equal ``ignore_index``."""
+    C = lg.shape[-1]
+    if C > _MAX_EXACT_CLASS[g.dtype]:
+        raise GraphError(f"{what}: logits {lg.label!r} have {C} classes, more than {g.dtype} indexes exactly")
+    if isinstance(targets, Tensor):
+        idx = as_tensor(targets, g, what)
+    else:
+        arr = np.asarray(targets)
+        ok = (arr >= 0) & (arr < C)
+        if ignore_index is not None:
+            ok |= arr == ignore_index
+        if not ok.all():
+            bad = arr[~ok].reshape(-1)[0]
+            raise GraphError(f"{what}: class targets for {lg.label!r} must lie in [0, {C})"
+                             + (f" or equal ignore_index {ignore_index}" if ignore_index is not None else "")
+                             + f", got {bad}")
+        idx = g.const(arr)
+    if idx.shape != lg.shape[:-1]:
+        raise GraphError(f"{what}: class targets {idx.label!r} {idx.shape} must have the shape of logits "
+                         f"{lg.label!r} {lg.shape} without its last axis, {lg.shape[:-1]}")
+    return idx
+
+
+def _ignore_params(ignore_index) -> tuple:
+    if ignore_index is None:
+        return (0, 0)
+    if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
+        raise GraphError(f"cross_entropy: ignore_index must be an int or None, got {ignore_index!r}")
+    return (1, int(ignore_index))
+
+
+def is_class_targets(g, lg: Tensor, targets) -> bool:
+    """Do ``targets`` name classes (integer, shaped logits.shape[:-1]) rather than
+    probabilities (shaped like logits)?"""
+    if isinstance(targets, Tensor):
+        return bool(int(g.nodes.flags[targets.id]) & F_INDEX) and targets.shape == lg.shape[:-1]
+    arr = np.asarray(targets)
+    return arr.dtype.kind in "iu" and arr.shape == lg.shape[:-1]
+
+
+def cross_entropy_index(logits: Tensor, targets: Union[Tensor, np.ndarray], ignore_index: Optional[int] = None) -> Tensor:
+    """cross_entropy with integer class targets (``jg.cross_entropy`` calls it): the mean over
+    the rows whose target is not ``ignore_index`` of logsumexp(row) - row[target]; 0 when
+    every row is ignored."""
+    lg = need_tensor(logits, "cross_entropy")
+    if lg.ndim == 0:
+        raise GraphError(f"cross_entropy: logits {lg.label!r} need at least 1 dim")
+    idx = _class_targets(lg.graph, lg, targets, ignore_index, "cross_entropy")
+    return lg.graph._node(CROSS_ENTROPY_INDEX, (lg.id, idx.id), (), ip=_ignore_params(ignore_index))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _ignored(f, has_ignore, ignore):
+    return has_ignore != 0 and f == ignore
+
+
+@njit(cache=True, error_model="numpy")
+def cross_entropy_index_kernel(out, x, idx, c, has_ignore, ignore):
+    """Mean of logsumexp(row) - row[target] over the rows not ignored (float64 total);
+    returns the position of a bad target, or -1."""
+    rows = x.size // c
+    zero = in_dtype_of(x, 0.0)
+    ninf = in_dtype_of(x, -np.inf)
+    total = 0.0
+    count = 0
+    for r in range(rows):
+        f = idx[r]
+        if _ignored(f, has_ignore, ignore):
+            continue
+        k = int(f)
+        if not (0 <= f < c) or k != f:
+            return r
+        xs = x[r * c:(r + 1) * c]
+        m = max8(xs)
+        m = zero if m == ninf else m
+        s = zero
+        for j in range(c):
+            s += vmath.exp(xs[j] - m)
+        total += m + vmath.log(s) - xs[k]
+        count += 1
+    out[0] = total / count if count > 0 else 0.0
+    return -1
+
+
+def _run_cross_entropy_index(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    bad = cross_entropy_index_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[v.src[n, 0], 3],
+                                     v.ip[n, 0], v.ip[n, 1])
+    if bad >= 0:
+        v.ctx[RUN_DETAIL] = bad
+        return ERR_INDEX
+    return OK
+
+
+def _vjp_cross_entropy_index(n, k, g, ctx):    # one fused node; the class ids get no gradient
+    if k != 0:
+        return NO_CONTRIBUTION
+    G, st = rule_view(ctx)
+    x = G.src[n, 0]
+    d = grad_node(G, st, CROSS_ENTROPY_INDEX_D, x, G.src[n, 1], x, n, k)
+    G.src[d, 2] = g
+    G.ip[d, 0] = G.ip[n, 0]
+    G.ip[d, 1] = G.ip[n, 1]
+    return d
+
+
+defop(CROSS_ENTROPY_INDEX, "cross_entropy_index", cross_entropy_index, _run_cross_entropy_index,
+      _vjp_cross_entropy_index, arity=2, cost=COMPUTE, flops=12, public=False)
+
+
+def cross_entropy_index_d(logits: Tensor, targets: Union[Tensor, np.ndarray], g: Tensor,
+                          ignore_index: Optional[int] = None) -> Tensor:
+    """cross_entropy_index's gradient with respect to the logits: (softmax(row) - onehot(target))
+    g / count on rows not ignored, 0 on ignored rows (g the loss's scalar gradient).  It has
+    no gradient of its own: second order through integer targets is not supported."""
+    lg = need_tensor(logits, "cross_entropy_index_d")
+    gg = need_tensor(g, "cross_entropy_index_d")
+    idx = _class_targets(lg.graph, lg, targets, ignore_index, "cross_entropy_index_d")
+    if lg.ndim == 0 or gg.shape != () or gg.graph is not lg.graph:
+        raise GraphError(f"cross_entropy_index_d: g {gg.label!r} {gg.shape} must be a scalar of the graph of "
+                         f"logits {lg.label!r} (>= 1 dim)")
+    return lg.graph._node(CROSS_ENTROPY_INDEX_D, (lg.id, idx.id, gg.id), lg.shape, ip=_ignore_params(ignore_index))
+
+
+@njit(cache=True, error_model="numpy")
+def cross_entropy_index_d_rows(out, x, idx, gval, c, has_ignore, ignore, lo, hi):
+    """Rows [lo, hi) of the gradient; returns the position of a bad target, or -1."""
+    rows = x.size // c
+    count = 0
+    for r in range(rows):                     # every block counts the rows (cheap, and thread-count free)
+        if not _ignored(idx[r], has_ignore, ignore):
+            count += 1
+    scale = in_dtype_of(x, gval / count if count > 0 else 0.0)
+    zero = in_dtype_of(x, 0.0)
+    ninf = in_dtype_of(x, -np.inf)
+    for r in range(lo, hi):
+        o = out[r * c:(r + 1) * c]
+        f = idx[r]
+        if _ignored(f, has_ignore, ignore):
+            for j in range(c):
+                o[j] = zero
+            continue
+        k = int(f)
+        if not (0 <= f < c) or k != f:
+            return r
+        xs = x[r * c:(r + 1) * c]
+        m = max8(xs)
+        m = zero if m == ninf else m
+        for j in range(c):
+            o[j] = vmath.exp(xs[j] - m)
+        q = scale / sum8(o)
+        for j in range(c):
+            o[j] *= q
+        o[k] -= scale
+    return -1
+
+
+def _run_cross_entropy_index_d(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    out = output(v, n)
+    c = v.shape[n, 3]
+    lo, hi = span(lo, hi, out.size // c)
+    bad = cross_entropy_index_d_rows(out, operand(v, n, 0), operand(v, n, 1), operand(v, n, 2)[0], c, v.ip[n, 0],
+                                     v.ip[n, 1], lo, hi)
+    if bad >= 0:
+        v.ctx[RUN_DETAIL] = bad
+        return ERR_INDEX
+    return OK
+
+
+defop(CROSS_ENTROPY_INDEX_D, "cross_entropy_index_d", cross_entropy_index_d, _run_cross_entropy_index_d, arity=3,
       cost=COMPUTE, flops=14, split=ROWS, public=False)
