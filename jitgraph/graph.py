@@ -267,6 +267,23 @@ class Tensor:
     def __abs__(self) -> "Tensor":
         return _op("abs")(self)
 
+    def __pow__(self, exponent: float) -> "Tensor":
+        return _op("pow")(self, exponent)
+
+    # 0/1 masks; == and != keep comparing the tensors themselves (feed dicts key on them):
+    # elementwise equality is jg.equal
+    def __lt__(self, other: "Operand") -> "Tensor":
+        return _op("less")(self, other)
+
+    def __le__(self, other: "Operand") -> "Tensor":
+        return _op("less_equal")(self, other)
+
+    def __gt__(self, other: "Operand") -> "Tensor":
+        return _op("greater")(self, other)
+
+    def __ge__(self, other: "Operand") -> "Tensor":
+        return _op("greater_equal")(self, other)
+
     def sum(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
         return _op("sum")(self, axis, keepdims)
 

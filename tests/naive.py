@@ -75,6 +75,17 @@ def masses(*shape):
     return draw
 
 
+def away_from(lo, hi, *shape):
+    """Values at least 0.1 from the bounds lo and hi (clip's kinks)."""
+    def draw(rng):
+        x = rng.uniform(-2.0, 2.0, shape)
+        for b in (lo, hi):
+            near = np.abs(x - b) < 0.1
+            x[near] = b + np.where(x[near] < b, -0.1, 0.1)
+        return x
+    return draw
+
+
 def one(draw):
     return lambda rng: [draw(rng)]
 
@@ -141,6 +152,23 @@ REF = {
     "log": Case(np.log, one(u(3, 4, lo=0.3, hi=3)), "unary", domain="positive"),
     "abs": Case(np.abs, one(away0(3, 4)), "unary"),
     "relu": Case(lambda x: np.maximum(x, 0), one(away0(3, 4)), "unary"),
+    "sin": Case(np.sin, one(u(3, 4)), "unary"),
+    "cos": Case(np.cos, one(u(3, 4)), "unary"),
+    "pow": Case(lambda x, exponent: np.power(x, exponent), one(u(3, 4, lo=0.3, hi=2.0)), "unary",
+                dict(exponent=1.7), domain="positive"),
+    "clip": Case(lambda x, lo, hi: np.clip(x, lo, hi), one(away_from(-0.5, 0.8, 3, 4)), "unary", dict(lo=-0.5, hi=0.8)),
+    "clip_mask": Case(lambda x, lo, hi: ((x >= lo) & (x <= hi)) * 1.0, one(u(3, 4)), "unary", dict(lo=-0.5, hi=0.8),
+                      grad=False),
+    "maximum": Case(np.maximum, lambda r: [u(3, 4)(r), u(4)(r)], "binary"),
+    "minimum": Case(np.minimum, lambda r: [u(3, 4)(r), u(4)(r)], "binary"),
+    "less": Case(lambda a, b: (a < b) * 1.0, lambda r: [u(3, 4)(r), u(4)(r)], "binary", grad=False),
+    "less_equal": Case(lambda a, b: (a <= b) * 1.0, lambda r: [u(3, 4)(r), u(4)(r)], "binary", grad=False),
+    "greater": Case(lambda a, b: (a > b) * 1.0, lambda r: [u(3, 4)(r), u(4)(r)], "binary", grad=False),
+    "greater_equal": Case(lambda a, b: (a >= b) * 1.0, lambda r: [u(3, 4)(r), u(4)(r)], "binary", grad=False),
+    "argmax": Case(lambda x, axis: np.argmax(x, axis).astype(float), one(distinct(3, 4)), "reduce", dict(axis=1),
+                   grad=False),
+    "equal": Case(lambda a, b: (a == b) * 1.0, lambda r: [np.round(u(3, 4)(r)), np.round(u(4)(r))], "binary",
+                  grad=False),
     "leaky_relu": Case(lambda x, slope: np.where(x > 0, x, slope * x), one(away0(3, 4)), "unary", dict(slope=0.2)),
     "gelu": Case(lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))), one(u(3, 4, lo=-4, hi=4)), "unary"),
     "silu": Case(lambda x: x * sigmoid(x), one(u(3, 4, lo=-6, hi=6)), "unary"),

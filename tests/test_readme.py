@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -26,9 +28,11 @@ def mypy(*args, cwd=ROOT):
 def test_readme_tour_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                  # the tour saves model.npz
     namespace = {"__name__": "tour"}
+    np.random.seed(0)                            # the tour draws its data with np.random.randn
     exec(compile(tour_source(), "README-tour", "exec"), namespace)
     assert os.path.exists(tmp_path / "model.npz")
-    assert namespace["losses"][-1] <= namespace["losses"][0]
+    losses = np.asarray(namespace["losses"])     # 10 epochs of 10 steps: compare epochs, not single batches
+    assert losses[-10:].mean() < losses[:10].mean()
 
 
 def test_readme_tour_type_checks(tmp_path):

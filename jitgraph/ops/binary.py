@@ -28,7 +28,9 @@ WHERE = 47
 # ---- the family's calling convention ------------------------------------------------------------
 def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
     g = graph_of(what, a, b)
-    if isinstance(a, Tensor) and is_scalar(b):       # fold x op c into one affine node
+    if code not in (ADD, SUB, MUL, DIV):
+        pass                                          # the other binary ops take a scalar as a const
+    elif isinstance(a, Tensor) and is_scalar(b):     # fold x op c into one affine node
         c = float(b)  # type: ignore[arg-type]
         if code == ADD:
             return affine(a, 1.0, c)

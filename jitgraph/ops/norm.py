@@ -12,6 +12,7 @@ centred g, m = mean(g y), r = rstd), written with the family's ops.
 """
 import math
 import numbers
+from typing import Optional
 
 import numpy as np
 from numba import njit
@@ -23,7 +24,7 @@ from ..native import output, operand, rule_view, run_view, span
 from ..registry import COMPUTE, ELEMENTS, ROWS, defop
 from ..status import OK
 from ..vmath import dotdev8, in_dtype_of, sqdev8, sum8
-from .binary import MUL, SUB, scaled
+from .binary import MUL, SUB, add, mul, scaled
 from .common import need_tensor
 from .reduce import MEAN, SUM, row_reduce
 from .unary import SQR
@@ -56,9 +57,20 @@ def row_stats(row, eps, center):
 
 
 # ---- layer_norm and rms_norm ----------------------------------------------------------------------
-def layer_norm(t: Tensor, eps: float = 1e-5) -> Tensor:
-    """(t - mean) / sqrt(var + eps) over the last axis (no affine part: multiply and add yourself)."""
-    return _normed(LAYER_NORM, "layer_norm", t, eps)
+def layer_norm(t: Tensor, eps: float = 1e-5, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Tensor:
+    """(t - mean) / sqrt(var + eps) over the last axis, then ``* weight + bias`` when given
+    (tensors of shape (last dim,), PyTorch's elementwise affine; a mul and an add node)."""
+    y = _normed(LAYER_NORM, "layer_norm", t, eps)
+    d = y.shape[-1:]
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and (not isinstance(p, Tensor) or p.shape != d or p.graph is not y.graph):
+            raise GraphError(f"layer_norm of {y.label!r}: {name} must be a tensor of its graph with shape {d}, "
+                             f"got {getattr(p, 'label', p)!r} {getattr(p, 'shape', '')}")
+    if weight is not None:
+        y = mul(y, weight)
+    if bias is not None:
+        y = add(y, bias)
+    return y
 
 
 def rms_norm(t: Tensor, eps: float = 1e-6) -> Tensor:

@@ -1,4 +1,4 @@
-"""Reductions over axes (sum, mean, max) and their dual, broadcast.
+"""Reductions over axes (sum, mean, max, argmax) and their dual, broadcast.
 
 A reduction carries a bit mask of reduced axes in the kernels' padded 4-dim
 space (ip[0]).  Its output is contiguous over the kept axes in order, so the same
@@ -22,11 +22,13 @@ from ..registry import COMPUTE, CUSTOM, ROWS, ZERO_GRAD, defop
 from ..vmath import in_dtype_of
 from ..status import OK
 from .binary import AFFINE, MUL
-from .common import broadcast_mask, need_tensor, normalize_axes, padded_mask
+from ..ir import MAX_DIMS
+from .common import broadcast_mask, need_tensor, normalize_axes, normalize_axis, padded_mask
 
-__all__ = ["sum", "mean", "max", "broadcast_to"]
+__all__ = ["sum", "mean", "max", "broadcast_to", "argmax"]
 
 SUM, MEAN, MAX, BROADCAST, MAX_MASK = 27, 28, 29, 30, 31
+ARGMAX = 68
 
 Axis = Optional[Union[int, Sequence[int]]]
 
@@ -393,3 +395,55 @@ def _run_max_mask(n, lo, hi, ctx, mem, store):
 
 
 defop(MAX_MASK, "max_mask", max_mask, _run_max_mask, ZERO_GRAD, arity=1, cost=COMPUTE, public=False)
+
+
+# ---- argmax: ip[n, 0] = the padded axis -------------------------------------------------------------
+def argmax(t: Tensor, axis: Optional[int] = None, keepdims: bool = False) -> Tensor:
+    """Position of the first maximum along ``axis`` (None: in the flattened tensor), as
+    numpy.argmax: a NaN counts as the maximum.  The positions are floats of the graph's
+    dtype (exact below 2**24 in float32); no gradient flows through them."""
+    t = need_tensor(t, "argmax")
+    if t.ndim == 0:
+        raise GraphError(f"argmax of {t.label!r}: needs at least 1 dim")
+    if axis is None:
+        flat = t.reshape(-1) if t.ndim > 1 else t
+        out = argmax(flat, 0)
+        return out.reshape((1,) * t.ndim) if keepdims else out
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise GraphError(f"argmax of {t.label!r}: axis must be an int or None, got {axis!r}")
+    ax = normalize_axis(int(axis), t.ndim, f"argmax of {t.label!r}")
+    shape = tuple(1 if i == ax else d for i, d in enumerate(t.shape)) if keepdims else \
+        tuple(d for i, d in enumerate(t.shape) if i != ax)
+    return t.graph._node(ARGMAX, (t.id,), shape, ip=(ax + MAX_DIMS - t.ndim,))
+
+
+@njit(cache=True, error_model="numpy")
+def argmax_kernel(out, x, sx, axis):
+    outer = 1
+    for d in range(axis):
+        outer *= sx[d]
+    inner = 1
+    for d in range(axis + 1, 4):
+        inner *= sx[d]
+    m = sx[axis]
+    for line in range(outer * inner):
+        b = (line // inner) * m * inner + line % inner
+        best = x[b]
+        k = 0
+        j = 1
+        while j < m and best == best:                # a NaN is the maximum: stop at the first
+            v = x[b + j * inner]
+            if v > best or v != v:
+                best = v
+                k = j
+            j += 1
+        out[line] = k
+    return OK
+
+
+def _run_argmax(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return argmax_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
+
+
+defop(ARGMAX, "argmax", argmax, _run_argmax, ZERO_GRAD, arity=1)

@@ -1,0 +1,131 @@
+"""sin, cos, pow, clip, maximum / minimum, comparison masks and layer_norm's affine:
+the operators, the edge cases numpy defines, gradients and bad arguments.  (Values
+against naive.py and finite differences for every op: test_ops.py, test_gradients.py.)"""
+import numpy as np
+import pytest
+
+import jitgraph as jg
+
+RNG = np.random.default_rng(3)
+
+
+def run(fn, *arrays, dtype=np.float64):
+    g = jg.Graph(dtype)
+    xs = [g.input(np.shape(a), name=f"x{i}") for i, a in enumerate(arrays)]
+    return jg.build_forward(fn(*xs)).run({x: a for x, a in zip(xs, arrays)})
+
+
+def test_operators_build_masks_and_powers():
+    a, b = RNG.standard_normal((3, 4)), RNG.standard_normal(4)
+    np.testing.assert_array_equal(run(lambda x, y: x < y, a, b), (a < b) * 1.0)
+    np.testing.assert_array_equal(run(lambda x, y: x <= y, a, b), (a <= b) * 1.0)
+    np.testing.assert_array_equal(run(lambda x, y: x > y, a, b), (a > b) * 1.0)
+    np.testing.assert_array_equal(run(lambda x: x >= 0.5, a), (a >= 0.5) * 1.0)
+    np.testing.assert_array_equal(run(lambda x, y: jg.equal(x, y), np.round(a), np.round(b)),
+                                  (np.round(a) == np.round(b)) * 1.0)
+    np.testing.assert_allclose(run(lambda x: abs(x) ** 1.5, a), np.abs(a) ** 1.5, rtol=1e-15)
+    np.testing.assert_allclose(run(lambda x: x ** 2, a), a * a, rtol=0)
+
+
+def test_tensor_equality_still_means_the_same_tensor():
+    g = jg.Graph(np.float64)
+    x = g.input((2,), name="x")
+    again = jg.Tensor(g, x.id)
+    assert (x == again) is True and (x != again) is False and hash(x) == hash(again)
+    y = x * 2.0
+    assert jg.build_forward(y).run({again: np.ones(2)}).tolist() == [2.0, 2.0]    # a feed dict key
+
+
+def test_scalars_are_constants_not_folded_into_affine():
+    """maximum(t, 3) is not t / 3 (the scalar folding of + - * / must not catch the others)."""
+    a = np.array([1.0, 5.0, -2.0])
+    np.testing.assert_array_equal(run(lambda x: jg.maximum(x, 3.0), a), [3.0, 5.0, 3.0])
+    np.testing.assert_array_equal(run(lambda x: jg.minimum(2.0, x), a), [1.0, 2.0, -2.0])
+    np.testing.assert_array_equal(run(lambda x: jg.less(x, 0.0), a), [0.0, 0.0, 1.0])
+
+
+def test_numpy_edge_cases():
+    a = np.array([np.nan, 1.0, -np.inf, 0.0])
+    b = np.array([1.0, np.nan, 2.0, -0.0])
+    np.testing.assert_array_equal(run(jg.maximum, a, b), np.maximum(a, b))
+    np.testing.assert_array_equal(run(jg.minimum, a, b), np.minimum(a, b))
+    c = np.array([-8.0, -1.0, 0.0, 4.0])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(run(lambda x: x ** 0.5, c), np.power(c, 0.5))
+        np.testing.assert_array_equal(run(lambda x: x ** -1.0, c), np.power(c, -1.0))
+    np.testing.assert_allclose(run(jg.sin, c, dtype=np.float32), np.sin(c.astype(np.float32)), rtol=1e-6)
+    np.testing.assert_array_equal(run(lambda x: jg.clip(x, None, 1.0), c), np.clip(c, None, 1.0))
+    np.testing.assert_array_equal(run(lambda x: jg.clip(x, -2.0), c), np.clip(c, -2.0, None))
+
+
+def gradients(fn, *values):
+    g = jg.Graph(np.float64)
+    ps = [g.param(v, name=f"p{i}") for i, v in enumerate(values)]
+    bwd = jg.build_backward(jg.build_forward(jg.sum(fn(*ps))))
+    bwd.run()
+    return [p.grad for p in ps]
+
+
+def test_choices_and_masks_route_gradients():
+    a = np.array([1.0, 2.0, 3.0])
+    b = np.array([2.0, 2.0, 1.0])
+    ga, gb = gradients(jg.maximum, a, b)
+    assert ga.tolist() == [0.0, 1.0, 1.0] and gb.tolist() == [1.0, 0.0, 0.0]     # tie: to a
+    ga, gb = gradients(jg.minimum, a, b)
+    assert ga.tolist() == [1.0, 1.0, 0.0] and gb.tolist() == [0.0, 0.0, 1.0]
+    (gc,) = gradients(lambda x: jg.clip(x, 1.5, 3.0) * 2.0, np.array([1.0, 1.5, 2.0, 3.0, 4.0]))
+    assert gc.tolist() == [0.0, 2.0, 2.0, 2.0, 0.0]                                 # bounds included
+    ga, gb = gradients(lambda x, y: (x < y) * x, a, b)                              # no gradient through a mask
+    assert ga.tolist() == [1.0, 0.0, 0.0] and not gb.any()
+    (gp,) = gradients(lambda x: x ** 0.0 + x ** 1.0 + x ** 3.0, a)
+    np.testing.assert_allclose(gp, 1.0 + 3.0 * a ** 2, rtol=1e-15)
+
+
+def test_layer_norm_affine_matches_numpy_and_finite_differences():
+    x = RNG.standard_normal((3, 5))
+    w = RNG.standard_normal(5)
+    b = RNG.standard_normal(5)
+
+    def ln(t, weight, bias):
+        return jg.layer_norm(t, 1e-5, weight=weight, bias=bias)
+
+    res = jg.check_grads(ln, [x, w, b])
+    assert res.ok and res.n_checked == 25, res
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(run(lambda t: ln(t, t.graph.const(w), t.graph.const(b)), x),
+                               (x - mu) / np.sqrt(var + 1e-5) * w + b, rtol=1e-12)
+    np.testing.assert_allclose(run(lambda t: jg.layer_norm(t, bias=t.graph.const(b)), x),
+                               (x - mu) / np.sqrt(var + 1e-5) + b, rtol=1e-12)
+
+
+def test_bad_arguments_name_the_tensor():
+    g = jg.Graph(np.float64)
+    t = g.input((2, 3), name="t")
+    with pytest.raises(jg.GraphError, match=r"pow of 't': the exponent must be a real number"):
+        t ** t
+    with pytest.raises(jg.GraphError, match=r"clip of 't': lo 2.0 is above hi 1.0"):
+        jg.clip(t, 2.0, 1.0)
+    with pytest.raises(jg.GraphError, match=r"clip of 't': hi must be a real number or None"):
+        jg.clip(t, 0.0, "1")
+    with pytest.raises(jg.GraphError, match=r"layer_norm of .*: weight must be a tensor of its graph with shape \(3,\)"):
+        jg.layer_norm(t, weight=g.const(np.ones(2)))
+    with pytest.raises(jg.GraphError, match="broadcast"):
+        jg.maximum(t, g.input((4,), name="u"))
+
+
+def test_argmax_is_numpys():
+    x = RNG.standard_normal((2, 3, 4))
+    x[0, 1, 2] = x[0, 1, 0] = 9.0                      # a tie: the first wins
+    x[1, 2, 3] = np.nan                                # a NaN: it wins
+    for axis in (None, 0, 1, 2, -1):
+        for keepdims in (False, True):
+            want = np.argmax(x, axis=axis, keepdims=keepdims).astype(float)
+            got = run(lambda t: jg.argmax(t, axis, keepdims=keepdims), x)
+            assert got.shape == want.shape and np.array_equal(got, want), (axis, keepdims)
+    (gx,) = gradients(lambda t: jg.sum(jg.argmax(t, 1) * 3.0) + jg.sum(t), RNG.standard_normal((3, 4)))
+    assert (gx == 1.0).all()                           # argmax adds nothing to the gradient
+    g = jg.Graph(np.float32)
+    with pytest.raises(jg.GraphError, match="argmax of 's': needs at least 1 dim"):
+        jg.argmax(g.input((), name="s"))
+    with pytest.raises(jg.GraphError, match="axis must be an int or None"):
+        jg.argmax(g.input((2, 3), name="m"), (0, 1))
