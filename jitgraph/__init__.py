@@ -8,10 +8,11 @@ from .errors import GraphError
 from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor
 from .io import load, save
-from .ops import (binary as _binary, compare as _compare, elementary as _elementary, gather as _gather, linear as _linear, norm as _norm, reduce as _reduce,
+from .ops import (binary as _binary, compare as _compare, conv as _conv, elementary as _elementary, gather as _gather, linear as _linear, norm as _norm, reduce as _reduce,
                   shape as _shape, softmaxes as _softmaxes, stochastic as _stochastic, unary as _unary)
 from .ops.binary import *      # noqa: F401,F403  -- the op functions (jg.relu ...): each family's __all__
 from .ops.compare import *     # noqa: F401,F403
+from .ops.conv import *        # noqa: F401,F403
 from .ops.elementary import *  # noqa: F401,F403
 from .ops.gather import *      # noqa: F401,F403
 from .ops.linear import *      # noqa: F401,F403
@@ -35,6 +36,7 @@ __all__ = [
 ]
 __all__ += _binary.__all__
 __all__ += _compare.__all__
+__all__ += _conv.__all__
 __all__ += _elementary.__all__
 __all__ += _gather.__all__
 __all__ += _linear.__all__

@@ -1,9 +1,10 @@
 """Every op, by family.  Importing this package declares them all in the op table
 (registry.py); the builders each family lists in ``__all__`` are jitgraph's public
 op functions."""
-from . import binary, compare, elementary, gather, linear, norm, reduce, shape, softmaxes, stochastic, unary
+from . import binary, compare, conv, elementary, gather, linear, norm, reduce, shape, softmaxes, stochastic, unary
 from .binary import *      # noqa: F401,F403
 from .compare import *     # noqa: F401,F403
+from .conv import *        # noqa: F401,F403
 from .elementary import *  # noqa: F401,F403
 from .gather import *      # noqa: F401,F403
 from .linear import *      # noqa: F401,F403
@@ -17,6 +18,7 @@ from .unary import *       # noqa: F401,F403
 __all__ = []
 __all__ += binary.__all__
 __all__ += compare.__all__
+__all__ += conv.__all__
 __all__ += elementary.__all__
 __all__ += gather.__all__
 __all__ += linear.__all__
