@@ -7,8 +7,6 @@ differentiating and checkpointing a small model) and the runner of every op for
 each requested dtype plus every gradient rule, spread over all cores.
 """
 import os
-import shutil
-import tempfile
 import time
 from typing import Dict, Iterable, Sequence
 
@@ -77,8 +75,9 @@ def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[
     bar = None
     if progress and not compiler.quiet():
         bar = tqdm(total=len(todo) + len(dtypes), desc="jitgraph warmup", unit="fn", leave=True)
-    claims = tempfile.mkdtemp(prefix="jitgraph-warmup-")
-    procs = compiler._start_workers(todo, claims, compiler.compile_workers(len(todo) + 1)) if todo else []
+    if todo:
+        compiler._spawn(todo)                             # the workers walk the units from the back
+    claims = compiler._claims()
     done = 0
 
     def advance():
@@ -94,11 +93,11 @@ def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[
             _passes(dt)
             done += 1
             advance()
-        for unit in todo:                                  # the workers walk them from the back
+        for unit in todo:
             if compiler._claim(claims, unit):
                 compiler._compile_unit(*unit)
                 advance()
-        while any(p.poll() is None for p in procs):
+        while compiler._live():
             time.sleep(0.1)
             advance()
     finally:
@@ -107,9 +106,6 @@ def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[
                 del os.environ[k]
             else:
                 os.environ[k] = v
-        for p in procs:
-            p.wait()
-        shutil.rmtree(claims, ignore_errors=True)
         if bar is not None:
             advance()
             bar.close()

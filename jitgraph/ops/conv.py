@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import GraphError
 from ..graph import Tensor
 from .common import need_tensor
-from .gather import embedding
+from .gather import MAX_EXACT_INDEX, embedding
 from .linear import matmul
 from .reduce import max as max_, mean
 from .shape import concat, reshape, slice_axis, transpose
@@ -28,7 +28,6 @@ from .shape import concat, reshape, slice_axis, transpose
 __all__ = ["conv2d", "conv1d", "max_pool2d", "avg_pool2d"]
 
 Pair = Union[int, Sequence[int]]
-_MAX_EXACT = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
 
 
 def _pair(value: Any, what: str, name: str, least: int) -> Tuple[int, int]:
@@ -63,7 +62,7 @@ def _windows(x: Tensor, C: int, k, stride, padding, dilation, fill: float, what:
     N, H, W = x.shape[0] * x.shape[1] // C, x.shape[-2], x.shape[-1]
     g = x.graph
     size = int(np.prod(x.shape))
-    if size + 1 > _MAX_EXACT[g.dtype]:
+    if size + 1 > MAX_EXACT_INDEX[g.dtype]:
         raise GraphError(f"{what}: input {x.label!r} has {size} elements, more than {g.dtype} indexes exactly")
     if min(_out_size(H, k[0], stride[0], padding[0], dilation[0]), _out_size(W, k[1], stride[1], padding[1],
                                                                              dilation[1])) < 1:

@@ -24,7 +24,8 @@ __all__ = ["embedding"]
 
 EMBEDDING, SCATTER_ADD = 45, 46
 
-_MAX_EXACT_INDEX = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
+# the largest index a float of the graph's dtype holds exactly (indices are stored as floats)
+MAX_EXACT_INDEX = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
 
 
 def _index_operand(g, indices, rows, what, owner):
@@ -56,7 +57,7 @@ def embedding(table: Tensor, indices: Union[Tensor, np.ndarray]) -> Tensor:
     if table.ndim != 2:
         raise GraphError(f"embedding: table {table.label!r} must be 2-D (V, D), got shape {table.shape}")
     V, D = table.shape
-    if V > _MAX_EXACT_INDEX[g.dtype]:
+    if V > MAX_EXACT_INDEX[g.dtype]:
         raise GraphError(f"embedding: table {table.label!r} has {V} rows, more than {g.dtype} indexes exactly")
     idx = _index_operand(g, indices, V, "embedding", table)
     if idx.ndim + 1 > MAX_DIMS:

@@ -24,6 +24,7 @@ from ..status import OK
 from .binary import AFFINE, MUL
 from ..ir import MAX_DIMS
 from .common import broadcast_mask, need_tensor, normalize_axes, normalize_axis, padded_mask
+from .shape import outer_inner
 
 __all__ = ["sum", "mean", "max", "broadcast_to", "argmax"]
 
@@ -419,12 +420,7 @@ def argmax(t: Tensor, axis: Optional[int] = None, keepdims: bool = False) -> Ten
 
 @njit(cache=True, error_model="numpy")
 def argmax_kernel(out, x, sx, axis):
-    outer = 1
-    for d in range(axis):
-        outer *= sx[d]
-    inner = 1
-    for d in range(axis + 1, 4):
-        inner *= sx[d]
+    outer, inner = outer_inner(sx, axis)
     m = sx[axis]
     for line in range(outer * inner):
         b = (line // inner) * m * inner + line % inner

@@ -26,6 +26,7 @@ from .. import vmath
 from ..vmath import dot8, in_dtype_of, max8, sum8
 from .binary import MUL, SUB, scaled
 from .common import as_tensor, graph_of, need_tensor, normalize_axis
+from .gather import MAX_EXACT_INDEX
 from .reduce import SUM, row_reduce
 from .shape import outer_inner
 from .unary import EXP
@@ -35,7 +36,6 @@ __all__ = ["softmax", "log_softmax", "cross_entropy"]
 SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY = 38, 39, 40
 SOFTMAX_D, LOG_SOFTMAX_D = 49, 50
 CROSS_ENTROPY_D, CROSS_ENTROPY_INDEX, CROSS_ENTROPY_INDEX_D = 53, 54, 55
-_MAX_EXACT_CLASS = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
 
 
 # ---- the family's calling convention ------------------------------------------------------------
@@ -79,6 +79,17 @@ def log_softmax(t: Tensor, axis: int = -1) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy")
+def shifted_exps(o, xs):
+    """o[j] = exp(xs[j] - max(xs)) for a contiguous row; returns the shift (0 for a row of
+    -inf, which then comes out uniform rather than NaN)."""
+    mx = max8(xs)
+    mx = in_dtype_of(xs, 0.0) if mx == in_dtype_of(xs, -np.inf) else mx
+    for j in range(xs.size):
+        o[j] = vmath.exp(xs[j] - mx)
+    return mx
+
+
+@njit(cache=True, error_model="numpy")
 def softmax_lines(out, x, lo, hi, m, inner, log):
     """softmax (or log_softmax) of lines [lo, hi) of length m and stride inner."""
     zero = in_dtype_of(x, 0.0)
@@ -88,10 +99,7 @@ def softmax_lines(out, x, lo, hi, m, inner, log):
         if inner == 1:                                    # contiguous: the fast path, on slices
             y = out[b:b + m]                              # indexed from 0 (see binary._run)
             xs = x[b:b + m]
-            mx = max8(xs)
-            mx = zero if mx == ninf else mx               # a row of -inf: uniform rather than NaN
-            for j in range(m):
-                y[j] = vmath.exp(xs[j] - mx)
+            mx = shifted_exps(y, xs)
             s = sum8(y)
             if log:
                 ls = vmath.log(s) + mx
@@ -347,16 +355,10 @@ def cross_entropy_d(logits: Tensor, target_probs: Tensor, g: Tensor) -> Tensor:
 @njit(cache=True, error_model="numpy")
 def cross_entropy_d_rows(out, x, t, scale, c, lo, hi):
     """Rows [lo, hi) (length c) of (softmax(x) sum(t) - t) scale."""
-    zero = in_dtype_of(x, 0.0)
-    ninf = in_dtype_of(x, -np.inf)
     for r in range(lo, hi):
         o = out[r * c:(r + 1) * c]
-        xs = x[r * c:(r + 1) * c]
         ts = t[r * c:(r + 1) * c]
-        m = max8(xs)
-        m = zero if m == ninf else m
-        for j in range(c):
-            o[j] = vmath.exp(xs[j] - m)
+        shifted_exps(o, x[r * c:(r + 1) * c])
         k = sum8(ts) / sum8(o)
         for j in range(c):
             o[j] = (o[j] * k - ts[j]) * scale
@@ -407,7 +409,7 @@ def _class_targets(g, lg: Tensor, targets, ignore_index, what: str) -> Tensor:
     """An index tensor of class ids shaped logits.shape[:-1]: an index input, or an integer
     array (made a const) whose values lie in [0, C) or equal ``ignore_index``."""
     C = lg.shape[-1]
-    if C > _MAX_EXACT_CLASS[g.dtype]:
+    if C > MAX_EXACT_INDEX[g.dtype]:
         raise GraphError(f"{what}: logits {lg.label!r} have {C} classes, more than {g.dtype} indexes exactly")
     if isinstance(targets, Tensor):
         idx = as_tensor(targets, g, what)
@@ -461,6 +463,18 @@ def _ignored(f, has_ignore, ignore):
     return has_ignore != 0 and f == ignore
 
 
+IGNORED, BAD_CLASS = -1, -2
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _class_of(f, c, has_ignore, ignore):
+    """The class id stored as f: an int in [0, c), or IGNORED, or BAD_CLASS."""
+    if _ignored(f, has_ignore, ignore):
+        return IGNORED
+    k = int(f)
+    return k if 0 <= f < c and k == f else BAD_CLASS
+
+
 @njit(cache=True, error_model="numpy")
 def cross_entropy_index_kernel(out, x, idx, c, has_ignore, ignore):
     """Mean of logsumexp(row) - row[target] over the rows not ignored (float64 total);
@@ -471,11 +485,10 @@ def cross_entropy_index_kernel(out, x, idx, c, has_ignore, ignore):
     total = 0.0
     count = 0
     for r in range(rows):
-        f = idx[r]
-        if _ignored(f, has_ignore, ignore):
+        k = _class_of(idx[r], c, has_ignore, ignore)
+        if k == IGNORED:
             continue
-        k = int(f)
-        if not (0 <= f < c) or k != f:
+        if k == BAD_CLASS:
             return r
         xs = x[r * c:(r + 1) * c]
         m = max8(xs)
@@ -538,23 +551,16 @@ def cross_entropy_index_d_rows(out, x, idx, gval, c, has_ignore, ignore, lo, hi)
         if not _ignored(idx[r], has_ignore, ignore):
             count += 1
     scale = in_dtype_of(x, gval / count if count > 0 else 0.0)
-    zero = in_dtype_of(x, 0.0)
-    ninf = in_dtype_of(x, -np.inf)
     for r in range(lo, hi):
         o = out[r * c:(r + 1) * c]
-        f = idx[r]
-        if _ignored(f, has_ignore, ignore):
+        k = _class_of(idx[r], c, has_ignore, ignore)
+        if k == IGNORED:
             for j in range(c):
-                o[j] = zero
+                o[j] = in_dtype_of(x, 0.0)
             continue
-        k = int(f)
-        if not (0 <= f < c) or k != f:
+        if k == BAD_CLASS:
             return r
-        xs = x[r * c:(r + 1) * c]
-        m = max8(xs)
-        m = zero if m == ninf else m
-        for j in range(c):
-            o[j] = vmath.exp(xs[j] - m)
+        shifted_exps(o, x[r * c:(r + 1) * c])
         q = scale / sum8(o)
         for j in range(c):
             o[j] *= q
