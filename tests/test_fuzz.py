@@ -23,6 +23,8 @@ def test_forward_equals_the_numpy_reference(program, seed):
         g, ps, vals, loss, params, weights = instance(program, seed, dtype)
         got = jg.build_forward(loss).run()
         want = evaluate(program, params, weights, vals)
+        if dtype == np.float32 and abs(want) > np.finfo(np.float32).max:
+            want = np.copysign(np.inf, want)       # the exact loss overflows float32: so must the program
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
