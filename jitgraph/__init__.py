@@ -22,6 +22,8 @@ from .ops.shape import *       # noqa: F401,F403
 from .ops.softmaxes import *   # noqa: F401,F403
 from .ops.stochastic import *  # noqa: F401,F403
 from .ops.unary import *       # noqa: F401,F403
+from .ops import batchnorm as _batchnorm
+from .ops.batchnorm import *   # noqa: F401,F403
 from .program import BackwardGraph, ForwardGraph, build_forward
 from .threads import get_num_threads, set_num_threads
 from .train import batches, train
@@ -46,3 +48,4 @@ __all__ += _shape.__all__
 __all__ += _softmaxes.__all__
 __all__ += _stochastic.__all__
 __all__ += _unary.__all__
+__all__ += _batchnorm.__all__

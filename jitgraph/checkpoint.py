@@ -28,6 +28,7 @@ from .emit import copy_node
 from .errors import GraphError
 from .graph import Graph, Tensor
 from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC
+from .ops.batchnorm import statistics_nodes
 from .ops.common import graph_of
 from .plan import K_VIEW, backward_orders, best_plan
 
@@ -98,6 +99,7 @@ class Trial:
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
+        self.io_slots = np.concatenate([self.io, statistics_nodes(graph.nodes, fwd_order)])    # as Program's
         self.keep_out = np.asarray([loss_id], np.int64)
         self.in_place = in_place
         self.is_forward = np.zeros(end, np.uint8)
@@ -113,7 +115,7 @@ class Trial:
         n = int(st[0])
         is_forward = np.zeros(n, np.uint8)
         is_forward[: self.end] = self.is_forward
-        order, plan = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward), self.io,
+        order, plan = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward), self.io_slots,
                                 self.keep_out, self.in_place)
         flops = total_flops(G, order[order >= self.end])       # the recomputed copies
         return int(plan[2]) * self.graph.dtype.itemsize, flops, int(copies)
@@ -310,6 +312,7 @@ class Planner:
             keep[np.asarray(kept_ids, np.int64)] = 1
         keep[self.order[(nodes.flags[self.order] & F_LEAF) != 0]] = 1
         keep[self.loss] = 1
+        keep[statistics_nodes(nodes, self.order)] = 1     # batch statistics: io slots anyway, never recomputed
         return keep
 
     def keep_all(self):

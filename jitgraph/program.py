@@ -16,6 +16,7 @@ from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
+from .ops.batchnorm import RunningStats, statistics_nodes
 from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
@@ -77,13 +78,16 @@ class Program:
         self.in_place = bool(in_place)
         nodes = graph.nodes
         candidates = order if isinstance(order, list) else [order]
-        self.order, plan = best_plan(nodes.arrays(), nodes.n, candidates, np.asarray(io_nodes, np.int64),
+        # batch statistics outlive the run in io slots: the running statistics are updated from them after it
+        io = np.concatenate([np.asarray(io_nodes, np.int64).reshape(-1), statistics_nodes(nodes, candidates[0])])
+        self.order, plan = best_plan(nodes.arrays(), nodes.n, candidates, io,
                                      np.asarray([t.id for t in outputs], np.int64), self.in_place)
         (self.loc, self.off, arena_elems, io_elems, n_in_place,
          self._free_at, self._free_off, self._free_size, self._alloc_size) = plan
         self.arena_elems = int(arena_elems)
         self.io_elems = int(io_elems)
         self.n_in_place = int(n_in_place)
+        self._running = RunningStats.of(graph, self.order, self.off)   # None: no training batch_norm to update
         self._mem: Optional[np.ndarray] = None          # run buffer [arena | io] of the last finished run
         self._spare: List[np.ndarray] = []               # run buffers free for the next concurrent runs
         self.lock = threading.RLock()                    # guards the buffers (and a backward program's grads)
@@ -227,6 +231,8 @@ class Program:
                                              runners, natives, split)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
+        if self._running is not None:        # once per successful run, never for a failed one
+            self._running.apply(mem, g.store)
 
     def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
         """Where a run's time goes, by op: every node is run alone (in order, ``repeats``

@@ -24,7 +24,7 @@ BY_FAMILY = {}
 for _name, _case in REF.items():
     BY_FAMILY.setdefault(_case.fuzz, []).append(_name)
 FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "rowpair",
-                                  "shape", "shape", "matmul", "gather", "loss") if f in BY_FAMILY)
+                                  "shape", "shape", "matmul", "gather", "loss", "channels") if f in BY_FAMILY)
 EMBED_ROWS = 5
 
 
@@ -116,6 +116,19 @@ def _draw_instruction(draw, family, op, vals):
         if op == "cross_entropy_index_d":
             return op, (("v", i, "any"), ("c", classes), ("c", np.array(0.5))), {"ignore_index": None}
         return op, (("v", i, "any"), ("c", _targets(a))), {}
+    if family == "channels":                              # batch norm over axis 1 of a value (N, C)
+        N, C = a
+        if op == "batch_norm":                            # training needs two values per channel
+            return (op, (("v", i, "any"), ("p", (C,)), ("p", (C,))), dict(case.kw)) if N > 1 else None
+        if op == "batch_stats":
+            return op, (("v", i, "any"),), {}
+        same = [j for j, s in enumerate(vals) if s == a and j != i]
+        j = draw(st.sampled_from(same)) if same else i
+        stats = np.stack([np.linspace(-0.5, 0.5, C), np.linspace(0.5, 1.5, C)])
+        if op == "batch_norm_sums":
+            return op, (("v", i, "any"), ("v", j, "any"), ("c", stats)), dict(case.kw)
+        sums = np.concatenate([stats, np.stack([np.linspace(-1, 1, C), np.linspace(1, -0.5, C)])])
+        return op, (("v", i, "any"), ("v", j, "any"), ("c", sums), ("p", (C,))), dict(case.kw)
     raise ValueError(f"unknown fuzz family {family!r}")
 
 

@@ -22,6 +22,7 @@ class Case:
     ref: Callable                       # numpy reference: ref(*arrays, **kw)
     args: Callable                      # rng -> list of arguments (float arrays become tensors)
     fuzz: str                           # graphgen family: unary binary reduce rowwise shape matmul gather loss select
+                                        # channels
     kw: dict = field(default_factory=dict)   # keyword arguments for examples and fuzzing
     grad: bool = True                   # has a gradient to check (False: no rule, or piecewise constant)
     call: Optional[Callable] = None     # call(builder, *tensors, **kw) when not builder(*tensors, **kw)
@@ -134,6 +135,40 @@ def scatter_add_ref(rows, idx, n_rows):
     return out
 
 
+def bn_axes(x):
+    """The axes batch norm reduces: all but the channels (axis 1)."""
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def per_channel(v, x):
+    return np.reshape(v, (1, -1) + (1,) * (x.ndim - 2))
+
+
+def batch_norm_ref(x, w=None, b=None, training=True, eps=1e-5, mean=None, var=None):
+    """PyTorch's F.batch_norm: batch statistics in training, the given mean / var otherwise."""
+    if training:
+        mean, var = x.mean(bn_axes(x)), x.var(bn_axes(x))
+    y = (x - per_channel(mean, x)) / np.sqrt(per_channel(var, x) + eps)
+    return y * (1.0 if w is None else per_channel(w, x)) + (0.0 if b is None else per_channel(b, x))
+
+
+def batch_norm_sums_ref(g, x, p, eps):
+    xhat = (x - per_channel(p[0], x)) / np.sqrt(per_channel(p[1], x) + eps)
+    return np.stack([p[0], p[1], (g * xhat).sum(bn_axes(x)), g.sum(bn_axes(x))])
+
+
+def batch_norm_dx_ref(g, x, q, w, eps):
+    m = x.size // x.shape[1]
+    rstd = 1 / np.sqrt(per_channel(q[1], x) + eps)
+    xhat = (x - per_channel(q[0], x)) * rstd
+    return per_channel(w, x) * rstd * (g - per_channel(q[3], x) / m - xhat * per_channel(q[2], x) / m)
+
+
+def bn_statistics(c):
+    """A (2, c) mean and positive variance."""
+    return lambda rng: np.stack([rng.uniform(-1, 1, c), rng.uniform(0.5, 2, c)])
+
+
 PHI = 1 / math.sqrt(2 * math.pi)
 
 REF = {
@@ -236,11 +271,21 @@ REF = {
     "embedding": Case(lambda T, i: T[i], lambda r: [u(5, 3)(r), np.array([[0, 2], [2, 4], [1, 1]])], "gather"),
     "scatter_add": Case(scatter_add_ref, lambda r: [u(4, 3)(r), np.array([1, 0, 1, 3])], "gather",
                         dict(n_rows=5)),
+    # batch norm over axis 1; the examples' N (5) differs from C (3): test_threads stacks along N
+    "batch_norm": Case(batch_norm_ref, lambda r: [u(5, 3, 4)(r), u(3, lo=0.5, hi=1.5)(r), u(3, lo=-0.2, hi=0.2)(r)],
+                       "channels", dict(training=True)),
+    "batch_stats": Case(lambda x: np.stack([x.mean(bn_axes(x)), x.var(bn_axes(x))]), one(u(5, 3, 4)), "channels",
+                        grad=False),
+    "batch_norm_sums": Case(batch_norm_sums_ref, lambda r: [u(5, 3, 4)(r), u(5, 3, 4)(r), bn_statistics(3)(r)],
+                            "channels", dict(eps=1e-5), grad=False),
+    "batch_norm_dx": Case(batch_norm_dx_ref, lambda r: [u(5, 3, 4)(r), u(5, 3, 4)(r), np.concatenate(
+        [bn_statistics(3)(r), u(2, 3)(r)]), u(3)(r)], "channels", dict(eps=1e-5), grad=False),
     # randomness
     "dropout": Case(dropout_ref, one(u(6, 7)), "unary", dict(p=0.3, seed=5), node=True),
 }
 
-FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "rowpair", "shape", "matmul", "gather", "loss")
+FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "rowpair", "shape", "matmul", "gather", "loss",
+                 "channels")
 
 
 def build(op, builder: Callable, tensors: list, kw: dict) -> Any:

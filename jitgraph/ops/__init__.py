@@ -14,6 +14,8 @@ from .shape import *       # noqa: F401,F403
 from .softmaxes import *   # noqa: F401,F403
 from .stochastic import *  # noqa: F401,F403
 from .unary import *       # noqa: F401,F403
+from . import batchnorm
+from .batchnorm import *   # noqa: F401,F403
 
 __all__ = []
 __all__ += binary.__all__
@@ -28,3 +30,4 @@ __all__ += shape.__all__
 __all__ += softmaxes.__all__
 __all__ += stochastic.__all__
 __all__ += unary.__all__
+__all__ += batchnorm.__all__

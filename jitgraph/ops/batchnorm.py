@@ -1,0 +1,553 @@
+"""Batch normalization over the channel axis (axis 1) of (N, C) or (N, C, *spatial)
+tensors, with running statistics that recomputation cannot update twice.
+
+Kernels see x as (N, C, S), S the product of the spatial dims; a channel's statistics
+run over M = N * S values.  ip[3] = C and ip[4] = S on every node of the family.
+
+* ``batch_stats(x)`` -> (2, C): the batch mean and biased variance (float64 sums of
+  per-plane partials, in a fixed order).  ip[0], ip[1]: the running mean and variance
+  consts it updates (-1: none); fp[0]: the momentum.
+* ``batch_norm(x, stats, [weight], [bias])`` -> ``(x - mean) w rstd + b``, rstd =
+  1 / sqrt(var + eps) (fp[0] = eps); ip[0], ip[1]: has weight, has bias; ip[2]:
+  training.  In training ``stats`` is ``batch_stats(x)``; in evaluation the running
+  statistics (a concat of the two consts).
+* ``batch_norm_sums(g, x, stats)`` -> (4, C): mean, var, sum(g xhat) (the weight's
+  gradient) and sum(g) (the bias's), xhat = (x - mean) rstd.
+* ``batch_norm_dx(g, x, sums, [w])`` -> the three-term gradient of training mode,
+  ``w rstd (g - mean(g) - xhat mean(g xhat))``; in evaluation ``batch_norm_dx(g, stats,
+  [w])`` = g w rstd.
+
+The gradient of x in training mode goes through the batch statistics too, so the rule
+of batch_norm's x slot returns that whole gradient and its stats slot none: stats is
+always ``batch_stats`` of the same x (the builder makes both).  The weight and bias
+gradients are rows of the one sums node that the x gradient also reads.
+
+Exactly-once running statistics: every program plans each original (not recomputed)
+``batch_stats`` node into a persistent io slot, and the checkpoint planner always keeps
+them (so no strategy recomputes them: they are 2 C floats).  After a run of the program
+has finished without error, :class:`RunningStats` applies PyTorch's momentum rule
+from those slots to the consts, in one jitted call over all layers -- one update per
+node of the program, whatever is recomputed, and none if the run raises.
+
+Units of work: channels for the reductions (split CUSTOM); planes of S elements (rows
+of C when S = 1) for the elementwise passes, which may run in place over x or g.  A
+channel's sums are made by one call in a fixed order, so results never depend on the
+thread count.
+"""
+import math
+import numbers
+import threading
+from typing import Any, Optional
+
+import numpy as np
+from numba import njit
+
+from .._sigs import G as G_T, ST, i64
+from ..emit import grad_node
+from ..errors import GraphError
+from ..graph import Tensor
+from ..ir import F_RECOMPUTED
+from ..native import RUN_EXTENT, operand, output, rule_view, run_view, same_data, span
+from ..registry import COMPUTE, CONST, CUSTOM, ELEMENTWISE, NO_GRAD, defop
+from ..status import NO_CONTRIBUTION, OK
+from ..vmath import dotdev8, in_dtype_of, sqdev8, sum8
+from .common import need_tensor
+from .shape import SLICE, axis_node, concat, reshape
+
+__all__ = ["batch_norm"]
+
+BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76
+
+
+# ---- builders ---------------------------------------------------------------------------------------
+def _number(value: Any, what: str, name: str, lo: float, hi: float) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not lo <= value <= hi or math.isnan(value):
+        raise GraphError(f"{what}: {name} must be a number in [{lo}, {hi}], got {value!r}")
+    return float(value)
+
+
+def _layout(x: Tensor, what: str):
+    """(C, S) of x seen as (N, C, S)."""
+    if x.ndim < 2:
+        raise GraphError(f"{what} of {x.label!r}: x must be (N, C) or (N, C, *spatial), got shape {x.shape}")
+    return x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+
+
+def _per_channel(t: Any, x: Tensor, C: int, what: str, name: str) -> Optional[Tensor]:
+    if t is None:
+        return None
+    if not isinstance(t, Tensor) or t.graph is not x.graph:
+        raise GraphError(f"{what} of {x.label!r}: {name} must be a tensor of its graph, got {type(t).__name__}")
+    if t.shape != (C,):
+        raise GraphError(f"{what} of {x.label!r}: {name} {t.label!r} has shape {t.shape}, expected ({C},) "
+                         f"(one value per channel, axis 1)")
+    return t
+
+
+def batch_stats(x: Tensor, running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
+                momentum: float = 0.1) -> Tensor:
+    """(2, C): the mean and biased variance of each channel of x over every other axis.
+    With running_mean / running_var (consts of shape (C,)), each run of a program holding
+    this node updates them once (see the module docstring)."""
+    x = need_tensor(x, "batch_stats")
+    C, S = _layout(x, "batch_stats")
+    rm = running_mean.id if running_mean is not None else -1
+    rv = running_var.id if running_var is not None else -1
+    return x.graph._node(BATCH_STATS, (x.id,), (2, C), ip=(rm, rv, 0, C, S), fp=(momentum,))
+
+
+def batch_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
+               training: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Batch normalization over axis 1 of x, (N, C) or (N, C, *spatial), as PyTorch's
+    ``F.batch_norm``: ``(x - mean) / sqrt(var + eps) * weight + bias`` per channel.
+
+    ``training=True``: mean and biased variance of the batch (over N and the spatial
+    axes); the gradient flows through them.  After every successful run of a program
+    holding the node, ``running_mean`` and ``running_var`` (consts of shape (C,) made
+    with ``g.const``; both or neither) become ``(1 - momentum) * running + momentum *
+    batch`` (the variance unbiased) -- exactly once per run, however often checkpointing
+    recomputes the layer.  ``training=False``: the running statistics normalize (an
+    affine map per channel; gradients flow to x, weight and bias).  ``weight`` and
+    ``bias`` are optional (C,) tensors, usually params."""
+    what = "batch_norm"
+    x = need_tensor(x, what)
+    C, S = _layout(x, what)
+    w = _per_channel(weight, x, C, what, "weight")
+    b = _per_channel(bias, x, C, what, "bias")
+    rm = _per_channel(running_mean, x, C, what, "running_mean")
+    rv = _per_channel(running_var, x, C, what, "running_var")
+    if (rm is None) != (rv is None):
+        given = "running_mean" if rm is not None else "running_var"
+        raise GraphError(f"{what} of {x.label!r}: pass both running_mean and running_var or neither, got only {given}")
+    for name, t in (("running_mean", rm), ("running_var", rv)):
+        if t is not None and t.op != "const":
+            raise GraphError(f"{what} of {x.label!r}: {name} {t.label!r} must be a const (g.const(np.zeros(C))), "
+                             f"got a {t.op} node")
+    if rm is not None and rm.id == rv.id:
+        raise GraphError(f"{what} of {x.label!r}: running_mean and running_var are the same tensor {rm.label!r}")
+    if not isinstance(training, (bool, np.bool_)):
+        raise GraphError(f"{what} of {x.label!r}: training must be True or False, got {training!r}")
+    momentum = _number(momentum, f"{what} of {x.label!r}", "momentum", 0.0, 1.0)
+    eps = _number(eps, f"{what} of {x.label!r}", "eps", 0.0, math.inf)
+    if math.isinf(eps):
+        raise GraphError(f"{what} of {x.label!r}: eps must be finite, got {eps!r}")
+    M = x.size // C
+    if training:
+        if M < 2:
+            raise GraphError(f"{what} of {x.label!r}: training needs more than one value per channel, got "
+                             f"{M} (shape {x.shape}: N times the spatial size)")
+        stats = batch_stats(x, rm, rv, momentum)
+    elif rm is None:
+        raise GraphError(f"{what} of {x.label!r}: evaluation (training=False) needs running_mean and running_var")
+    else:
+        stats = concat([reshape(rm, (1, C)), reshape(rv, (1, C))], axis=0)
+    srcs = [x.id, stats.id] + [t.id for t in (w, b) if t is not None]
+    return x.graph._node(BATCH_NORM, tuple(srcs), x.shape, ip=(int(w is not None), int(b is not None),
+                                                               int(bool(training)), C, S), fp=(eps,))
+
+
+def batch_norm_sums(g: Tensor, x: Tensor, stats: Tensor, eps: float = 1e-5) -> Tensor:
+    """(4, C): the mean and variance of ``stats`` (2, C), then per channel sum(g xhat) and
+    sum(g), xhat = (x - mean) / sqrt(var + eps)."""
+    g, x, stats = (need_tensor(t, "batch_norm_sums") for t in (g, x, stats))
+    C, S = _layout(x, "batch_norm_sums")
+    if g.shape != x.shape or stats.shape != (2, C):
+        raise GraphError(f"batch_norm_sums: {g.label!r} {g.shape}, {x.label!r} {x.shape} and {stats.label!r} "
+                         f"{stats.shape} must be g and x of one shape and (2, C)")
+    return x.graph._node(BATCH_NORM_SUMS, (g.id, x.id, stats.id), (4, C), ip=(0, 0, 0, C, S),
+                         fp=(_number(eps, "batch_norm_sums", "eps", 0.0, math.inf),))
+
+
+def batch_norm_dx(g: Tensor, x: Tensor, p: Tensor, weight: Optional[Tensor] = None, training: bool = True,
+                  eps: float = 1e-5) -> Tensor:
+    """batch_norm's gradient of x, given its output's gradient g.  Training: ``p`` is
+    batch_norm_sums (4, C) and the result ``w rstd (g - sum(g)/M - xhat sum(g xhat)/M)``;
+    evaluation: ``p`` is the (2, C) statistics and the result ``g w rstd`` (x only
+    gives the shape)."""
+    g, x, p = (need_tensor(t, "batch_norm_dx") for t in (g, x, p))
+    C, S = _layout(x, "batch_norm_dx")
+    w = _per_channel(weight, x, C, "batch_norm_dx", "weight")
+    if g.shape != x.shape or p.shape != ((4, C) if training else (2, C)):
+        raise GraphError(f"batch_norm_dx: {g.label!r} {g.shape}, {x.label!r} {x.shape} and {p.label!r} {p.shape} "
+                         f"must be g and x of one shape and ({4 if training else 2}, C)")
+    srcs = [g.id] + ([x.id] if training else []) + [p.id] + ([w.id] if w is not None else [])
+    return x.graph._node(BATCH_NORM_DX, tuple(srcs), x.shape, ip=(int(w is not None), 0, int(bool(training)), C, S),
+                         fp=(_number(eps, "batch_norm_dx", "eps", 0.0, math.inf),))
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def stats_kernel(out, x, C, S, lo, hi):
+    """Channels [lo, hi) of out (2, C): mean and biased variance of x (N, C, S)."""
+    N = x.size // (C * S)
+    M = N * S
+    if S == 1:                                   # rows of C: running sums down the columns
+        m = hi - lo
+        acc = np.zeros(m, np.float64)
+        for r in range(N):
+            row = x[r * C + lo:r * C + hi]
+            for j in range(m):
+                acc[j] += row[j]
+        mu = out[lo:hi]
+        for j in range(m):
+            mu[j] = acc[j] / M
+            acc[j] = 0.0
+        for r in range(N):
+            row = x[r * C + lo:r * C + hi]
+            for j in range(m):
+                d = row[j] - mu[j]
+                acc[j] += d * d
+        var = out[C + lo:C + hi]
+        for j in range(m):
+            var[j] = acc[j] / M
+        return OK
+    for c in range(lo, hi):
+        s = 0.0
+        for i in range(N):
+            s += sum8(x[(i * C + c) * S:(i * C + c + 1) * S])
+        mu = in_dtype_of(x, s / M)
+        q = 0.0
+        for i in range(N):
+            q += sqdev8(x[(i * C + c) * S:(i * C + c + 1) * S], mu)
+        out[c] = mu
+        out[C + c] = q / M
+    return OK
+
+
+@njit(cache=True, error_model="numpy")
+def sums_kernel(out, g, x, p, C, S, eps, lo, hi):
+    """Channels [lo, hi) of out (4, C): p's mean and variance, sum(g xhat), sum(g)."""
+    N = x.size // (C * S)
+    if S == 1:
+        m = hi - lo
+        sg = np.zeros(m, np.float64)
+        sd = np.zeros(m, np.float64)
+        mu = p[lo:hi]
+        for r in range(N):
+            gr = g[r * C + lo:r * C + hi]
+            xr = x[r * C + lo:r * C + hi]
+            for j in range(m):
+                sg[j] += gr[j]
+                sd[j] += gr[j] * (xr[j] - mu[j])
+        for j in range(m):
+            c = lo + j
+            out[c] = p[c]
+            out[C + c] = p[C + c]
+            out[2 * C + c] = sd[j] / np.sqrt(np.float64(p[C + c]) + eps)
+            out[3 * C + c] = sg[j]
+        return OK
+    for c in range(lo, hi):
+        mu = p[c]
+        a = 0.0
+        d = 0.0
+        for i in range(N):
+            gs = g[(i * C + c) * S:(i * C + c + 1) * S]
+            a += sum8(gs)
+            d += dotdev8(gs, x[(i * C + c) * S:(i * C + c + 1) * S], mu)
+        out[c] = mu
+        out[C + c] = p[C + c]
+        out[2 * C + c] = d / np.sqrt(np.float64(p[C + c]) + eps)
+        out[3 * C + c] = a
+    return OK
+
+
+@njit(cache=True, error_model="numpy")
+def coefficients(like, p, w, b, has_w, has_b, C, M, eps, mode):
+    """Per channel (A, B, MU, K), float64 math stored in the graph's dtype, of
+    mode 0, batch_norm:          y = A (x - MU) + K,        A = w rstd, K = bias;
+    mode 1, training gradient:   y = A g + B (x - MU) + K,  p = batch_norm_sums:
+                                 A (g - sum(g)/M - xhat sum(g xhat)/M);
+    mode 2, evaluation gradient: y = A (g - 0) + 0."""
+    co = np.empty((4, C), like.dtype)
+    for c in range(C):
+        r = 1.0 / np.sqrt(np.float64(p[C + c]) + eps)
+        k1 = r * w[c] if has_w else r
+        co[0, c] = k1
+        co[1, c] = -k1 * r * np.float64(p[2 * C + c]) / M if mode == 1 else 0.0
+        co[2, c] = p[c] if mode != 2 else 0.0
+        if mode == 0:
+            co[3, c] = b[c] if has_b else 0.0
+        else:
+            co[3, c] = -k1 * np.float64(p[3 * C + c]) / M if mode == 1 else 0.0
+    return co
+
+
+# Runs of the passes.  In place, a loop reads y itself: with a separate name for the same
+# memory, LLVM's overlap check would pick its scalar loop.
+@njit(cache=True, error_model="numpy", inline="always")
+def _affine(y, us, a, mu, k, m):
+    """y[j] = a (u[j] - mu) + k."""
+    if same_data(y, us):
+        for j in range(m):
+            y[j] = a * (y[j] - mu) + k
+    else:
+        for j in range(m):
+            y[j] = a * (us[j] - mu) + k
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _affine_row(y, us, A, MU, K, m):
+    if same_data(y, us):
+        for j in range(m):
+            y[j] = A[j] * (y[j] - MU[j]) + K[j]
+    else:
+        for j in range(m):
+            y[j] = A[j] * (us[j] - MU[j]) + K[j]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _grad(y, gs, xs, a, b, mu, k, m):
+    """y[j] = a g[j] + b (x[j] - mu) + k."""
+    if same_data(y, gs):
+        for j in range(m):
+            y[j] = a * y[j] + b * (xs[j] - mu) + k
+    elif same_data(y, xs):
+        for j in range(m):
+            y[j] = a * gs[j] + b * (y[j] - mu) + k
+    else:
+        for j in range(m):
+            y[j] = a * gs[j] + b * (xs[j] - mu) + k
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _grad_row(y, gs, xs, A, B, MU, K, m):
+    if same_data(y, gs):
+        for j in range(m):
+            y[j] = A[j] * y[j] + B[j] * (xs[j] - MU[j]) + K[j]
+    elif same_data(y, xs):
+        for j in range(m):
+            y[j] = A[j] * gs[j] + B[j] * (y[j] - MU[j]) + K[j]
+    else:
+        for j in range(m):
+            y[j] = A[j] * gs[j] + B[j] * (xs[j] - MU[j]) + K[j]
+
+
+@njit(cache=True, error_model="numpy")
+def channel_pass(out, u, x, co, C, S, two, lo, hi):
+    """Units [lo, hi) -- planes of S, or rows of C when S = 1 -- of y = A (u - MU) + K, or
+    with ``two`` y = A u + B (x - MU) + K."""
+    A, B, MU, K = co[0], co[1], co[2], co[3]
+    if S == 1:
+        for r in range(lo, hi):
+            y = out[r * C:(r + 1) * C]
+            if two:
+                _grad_row(y, u[r * C:(r + 1) * C], x[r * C:(r + 1) * C], A, B, MU, K, C)
+            else:
+                _affine_row(y, u[r * C:(r + 1) * C], A, MU, K, C)
+        return OK
+    for q in range(lo, hi):
+        c = q % C
+        y = out[q * S:(q + 1) * S]
+        if two:
+            _grad(y, u[q * S:(q + 1) * S], x[q * S:(q + 1) * S], A[c], B[c], MU[c], K[c], S)
+        else:
+            _affine(y, u[q * S:(q + 1) * S], A[c], MU[c], K[c], S)
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _elementwise(v, n, lo, hi, out, u, x, p, w, b, has_w, has_b, mode):
+    """The runner of batch_norm and batch_norm_dx (split CUSTOM): units are planes (rows
+    when S = 1).  When the planner made the output overwrite a per-channel source (an
+    equal element count: M = 2 or 4), one call does all, coefficients first."""
+    C = v.ip[n, 3]
+    S = v.ip[n, 4]
+    units = out.size // (C if S == 1 else S)
+    one = same_data(out, p) or (has_w and same_data(out, w)) or (has_b and same_data(out, b))
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = 1 if one else units
+        return OK
+    lo, hi = (0, units) if one else span(lo, hi, units)
+    co = coefficients(out, p, w, b, has_w, has_b, C, out.size // C, v.fp[n, 0], mode)
+    return channel_pass(out, u, x, co, C, S, mode == 1, lo, hi)
+
+
+# ---- runners, rules and the op table ---------------------------------------------------------------
+@njit(cache=True, error_model="numpy", inline="always")
+def _by_channel(v, n, lo, hi):
+    """(lo, hi) of a reduction whose units are channels, or -1 after reporting them."""
+    C = v.ip[n, 3]
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = C
+        return -1, -1
+    return span(lo, hi, C)
+
+
+def _run_batch_stats(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    lo, hi = _by_channel(v, n, lo, hi)
+    if lo < 0:
+        return OK
+    return stats_kernel(output(v, n), operand(v, n, 0), v.ip[n, 3], v.ip[n, 4], lo, hi)
+
+
+defop(BATCH_STATS, "batch_stats", batch_stats, _run_batch_stats, NO_GRAD, arity=1, cost=COMPUTE, flops=3,
+      split=CUSTOM, public=False)
+
+
+def _run_batch_norm(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    has_w = v.ip[n, 0] != 0
+    has_b = v.ip[n, 1] != 0
+    x = operand(v, n, 0)
+    p = operand(v, n, 1)
+    w = operand(v, n, 2) if has_w else p
+    b = (operand(v, n, 3) if has_w else operand(v, n, 2)) if has_b else p
+    return _elementwise(v, n, lo, hi, output(v, n), x, x, p, w, b, has_w, has_b, 0)
+
+
+@njit(i64(G_T, ST, i64, i64, i64), cache=True)
+def _sums_for(G, st, n, k, g):
+    """The batch_norm_sums node for forward node n's gradient g: the one the rule of an
+    earlier slot of n made a few nodes ago, or a new one."""
+    for t in range(st[0] - 1, max(st[0] - 16, 0) - 1, -1):
+        if G.op[t] == BATCH_NORM_SUMS and G.origin[t] == n and G.src[t, 0] == g:
+            return t
+    p = G.src[n, 1]
+    t = grad_node(G, st, BATCH_NORM_SUMS, g, G.src[n, 0], p, n, k)
+    G.src[t, 2] = p
+    G.shape[t, 2] = 4
+    G.ip[t, 3] = G.ip[n, 3]
+    G.ip[t, 4] = G.ip[n, 4]
+    G.fp[t, 0] = G.fp[n, 0]
+    return t
+
+
+@njit(cache=True)
+def batch_norm_vjp(G, st, n, k, g):
+    """Slot 0 (x): batch_norm_dx, the whole gradient (through the batch statistics in
+    training); slot 1 (the statistics): none, it is in slot 0's; weight and bias: rows
+    2 and 3 of the batch_norm_sums node."""
+    if k == 1:
+        return NO_CONTRIBUTION
+    has_w = G.ip[n, 0]
+    if k == 0:
+        x = G.src[n, 0]
+        training = G.ip[n, 2]
+        if training:
+            q = _sums_for(G, st, n, k, g)
+            t = grad_node(G, st, BATCH_NORM_DX, g, x, x, n, k)
+            G.src[t, 2] = q
+            if has_w:
+                G.src[t, 3] = G.src[n, 2]
+        else:
+            t = grad_node(G, st, BATCH_NORM_DX, g, G.src[n, 1], x, n, k)
+            if has_w:
+                G.src[t, 2] = G.src[n, 2]
+        G.ip[t, 0] = has_w
+        G.ip[t, 2] = training
+        G.ip[t, 3] = G.ip[n, 3]
+        G.ip[t, 4] = G.ip[n, 4]
+        G.fp[t, 0] = G.fp[n, 0]
+        return t
+    q = _sums_for(G, st, n, k, g)
+    return axis_node(G, st, SLICE, q, G.src[n, k], 2, 2 if k == 2 and has_w else 3, n, k)
+
+
+def _vjp_batch_norm(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return batch_norm_vjp(G, st, n, k, g)
+
+
+defop(BATCH_NORM, "batch_norm", batch_norm, _run_batch_norm, _vjp_batch_norm, arity=-1, kind=ELEMENTWISE,
+      flops=3, split=CUSTOM)
+
+
+def _run_batch_norm_sums(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    lo, hi = _by_channel(v, n, lo, hi)
+    if lo < 0:
+        return OK
+    return sums_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), v.ip[n, 3], v.ip[n, 4],
+                       v.fp[n, 0], lo, hi)
+
+
+defop(BATCH_NORM_SUMS, "batch_norm_sums", batch_norm_sums, _run_batch_norm_sums, NO_GRAD, arity=3, cost=COMPUTE,
+      flops=4, split=CUSTOM, public=False)
+
+
+def _run_batch_norm_dx(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    has_w = v.ip[n, 0] != 0
+    g = operand(v, n, 0)
+    if v.ip[n, 2] != 0:                          # training: (g, x, sums, [w])
+        x = operand(v, n, 1)
+        p = operand(v, n, 2)
+        w = operand(v, n, 3) if has_w else p
+        return _elementwise(v, n, lo, hi, output(v, n), g, x, p, w, p, has_w, False, 1)
+    p = operand(v, n, 1)                         # evaluation: (g, stats, [w])
+    w = operand(v, n, 2) if has_w else p
+    return _elementwise(v, n, lo, hi, output(v, n), g, g, p, w, p, has_w, False, 2)
+
+
+defop(BATCH_NORM_DX, "batch_norm_dx", batch_norm_dx, _run_batch_norm_dx, NO_GRAD, arity=-1, kind=ELEMENTWISE,
+      flops=5, split=CUSTOM, public=False)
+
+
+# ---- the running statistics --------------------------------------------------------------------------
+def statistics_nodes(nodes: Any, order: np.ndarray) -> np.ndarray:
+    """The original (not recomputed) batch_stats nodes of ``order``: every checkpoint plan
+    keeps them and every program gives them io slots, so they outlive the run."""
+    order = np.asarray(order, np.int64)
+    return order[(nodes.op[order] == BATCH_STATS) & ((nodes.flags[order] & F_RECOMPUTED) == 0)]
+
+
+@njit(cache=True)
+def update_running(mem, store, at, mean_at, var_at, C, momentum, unbias):
+    """PyTorch's rule, layer after layer: running = (1 - m) running + m batch (variance
+    unbiased: times M / (M - 1)); float64 math."""
+    for i in range(at.size):
+        m = momentum[i]
+        for c in range(C[i]):
+            a = mean_at[i] + c
+            store[a] = m * np.float64(mem[at[i] + c]) + (1.0 - m) * np.float64(store[a])
+            b = var_at[i] + c
+            store[b] = m * (np.float64(mem[at[i] + C[i] + c]) * unbias[i]) + (1.0 - m) * np.float64(store[b])
+
+
+_update_lock = threading.Lock()
+
+
+class RunningStats:
+    """The running-statistics update of one program: where each training batch_norm's
+    statistics are in the run buffer, and where its running mean and variance are in the
+    value store.  ``apply`` runs after a successful run."""
+
+    def __init__(self, graph: Any, ids: np.ndarray, off: np.ndarray) -> None:
+        nodes = graph.nodes
+        rm, rv = nodes.ip[ids, 0], nodes.ip[ids, 1]
+        C = nodes.ip[ids, 3]
+        n = nodes.n
+        ok = (rm >= 0) & (rv >= 0) & (rm < n) & (rv < n) & (rm != rv)
+        rm_, rv_ = np.where(ok, rm, 0), np.where(ok, rv, 0)
+        numel = nodes.shape.prod(axis=1)
+        ends = np.maximum(nodes.ip[rm_, 0], nodes.ip[rv_, 0]) + C
+        x = nodes.src[ids, 0]
+        M = numel[x] // np.maximum(C, 1)
+        momentum = nodes.fp[ids, 0]
+        ok &= (nodes.op[rm_] == CONST) & (nodes.op[rv_] == CONST) & (numel[rm_] == C) & (numel[rv_] == C)
+        ok &= (numel[ids] == 2 * C) & (C >= 1) & (M >= 2) & (momentum >= 0) & (momentum <= 1)
+        ok &= (nodes.ip[rm_, 0] >= 0) & (nodes.ip[rv_, 0] >= 0) & (ends <= graph.store_used)
+        if not ok.all():
+            bad = int(ids[np.flatnonzero(~ok)[0]])
+            raise GraphError(f"batch_stats {graph.label(bad)!r}: its running statistics are not two distinct "
+                             f"consts of its {int(nodes.ip[bad, 3])} channels, or its momentum is not in [0, 1]")
+        self.at = np.ascontiguousarray(off[ids], np.int64)
+        self.mean_at = np.ascontiguousarray(nodes.ip[rm, 0], np.int64)
+        self.var_at = np.ascontiguousarray(nodes.ip[rv, 0], np.int64)
+        self.C = np.ascontiguousarray(C, np.int64)
+        self.momentum = np.ascontiguousarray(momentum, np.float64)
+        self.unbias = M / (M - 1.0)
+
+    @staticmethod
+    def of(graph: Any, order: np.ndarray, off: np.ndarray) -> Optional["RunningStats"]:
+        """The update of a program with this order and plan, or None (no training
+        batch_norm with running statistics)."""
+        ids = statistics_nodes(graph.nodes, order)
+        ids = ids[(graph.nodes.ip[ids, 0] >= 0) | (graph.nodes.ip[ids, 1] >= 0)]
+        return RunningStats(graph, ids, off) if ids.size else None
+
+    def apply(self, mem: np.ndarray, store: np.ndarray) -> None:
+        with _update_lock:
+            update_running(mem, store, self.at, self.mean_at, self.var_at, self.C, self.momentum, self.unbias)
