@@ -61,8 +61,8 @@ BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76
 
 # ---- builders ---------------------------------------------------------------------------------------
 def _number(value: Any, what: str, name: str, lo: float, hi: float) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not lo <= value <= hi or math.isnan(value):
-        raise GraphError(f"{what}: {name} must be a number in [{lo}, {hi}], got {value!r}")
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not lo <= float(value) <= hi:
+        raise GraphError(f"{what}: {name} must be a number in [{lo}, {hi}], got {value!r}")     # NaN too
     return float(value)
 
 
@@ -124,7 +124,7 @@ def batch_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         if t is not None and t.op != "const":
             raise GraphError(f"{what} of {x.label!r}: {name} {t.label!r} must be a const (g.const(np.zeros(C))), "
                              f"got a {t.op} node")
-    if rm is not None and rm.id == rv.id:
+    if rm is not None and rv is not None and rm.id == rv.id:
         raise GraphError(f"{what} of {x.label!r}: running_mean and running_var are the same tensor {rm.label!r}")
     if not isinstance(training, (bool, np.bool_)):
         raise GraphError(f"{what} of {x.label!r}: training must be True or False, got {training!r}")
@@ -138,7 +138,7 @@ def batch_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
             raise GraphError(f"{what} of {x.label!r}: training needs more than one value per channel, got "
                              f"{M} (shape {x.shape}: N times the spatial size)")
         stats = batch_stats(x, rm, rv, momentum)
-    elif rm is None:
+    elif rm is None or rv is None:
         raise GraphError(f"{what} of {x.label!r}: evaluation (training=False) needs running_mean and running_var")
     else:
         stats = concat([reshape(rm, (1, C)), reshape(rv, (1, C))], axis=0)
