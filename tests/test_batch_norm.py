@@ -381,3 +381,22 @@ def test_a_corrupted_file_cannot_point_the_update_elsewhere(tmp_path):
     g.nodes.ip[stats.id, 1] = x.id             # the variance "const" is now the input
     with pytest.raises(jg.GraphError, match="running statistics"):
         jg.build_forward(y)
+
+
+def test_without_the_zero_table_and_second_order():
+    """zero_table=False gives the statistics node a (zero) gradient: its own rule adds nothing;
+    a second derivative through batch_norm says it is not supported."""
+    rng = np.random.default_rng(15)
+    xv, wv = rng.standard_normal((5, 3, 2)), rng.uniform(0.5, 1.5, 3)
+    grads = []
+    for zero_table in (True, False):
+        g = jg.Graph(np.float64)
+        x, w = g.param(xv, name="x"), g.param(wv, name="w")
+        bwd = jg.build_backward(jg.build_forward(jg.sum(jg.sqr(jg.batch_norm(x, w) - 0.3 * x))), zero_table=zero_table)
+        bwd.run()
+        grads.append((x.grad, w.grad))
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    (gw,) = jg.grad(jg.sum(jg.sqr(jg.batch_norm(x, w))), [w])
+    with pytest.raises(jg.GraphError, match="no gradient rule"):
+        jg.grad(jg.sum(gw), [w])

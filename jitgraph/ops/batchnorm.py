@@ -14,13 +14,14 @@ run over M = N * S values.  ip[3] = C and ip[4] = S on every node of the family.
 * ``batch_norm_sums(g, x, stats)`` -> (4, C): mean, var, sum(g xhat) (the weight's
   gradient) and sum(g) (the bias's), xhat = (x - mean) rstd.
 * ``batch_norm_dx(g, x, sums, [w])`` -> the three-term gradient of training mode,
-  ``w rstd (g - mean(g) - xhat mean(g xhat))``; in evaluation ``batch_norm_dx(g, stats,
-  [w])`` = g w rstd.
+  ``w rstd (g - mean(g) - xhat mean(g xhat))`` (ip[2] = 1); in evaluation ``batch_norm_dx(g,
+  stats, [w])`` = g w rstd (ip[2] = 0); and batch_stats' own gradient (ip[2] = 2).
 
 The gradient of x in training mode goes through the batch statistics too, so the rule
 of batch_norm's x slot returns that whole gradient and its stats slot none: stats is
 always ``batch_stats`` of the same x (the builder makes both).  The weight and bias
-gradients are rows of the one sums node that the x gradient also reads.
+gradients are rows of the one sums node that the x gradient also reads.  batch_stats has
+a rule of its own (mean and variance through x), for a gradient reaching it otherwise.
 
 Exactly-once running statistics: every program plans each original (not recomputed)
 ``batch_stats`` node into a persistent io slot, and the checkpoint planner always keeps
@@ -258,18 +259,21 @@ def coefficients(like, p, w, b, has_w, has_b, C, M, eps, mode):
     mode 0, batch_norm:          y = A (x - MU) + K,        A = w rstd, K = bias;
     mode 1, training gradient:   y = A g + B (x - MU) + K,  p = batch_norm_sums:
                                  A (g - sum(g)/M - xhat sum(g xhat)/M);
-    mode 2, evaluation gradient: y = A (g - 0) + 0."""
+    mode 2, evaluation gradient: y = A (g - 0) + 0;
+    mode 3, batch_stats' gradient (b = its gradient [gmean; gvar]): y = 2 gvar / M (x - mean) + gmean / M."""
     co = np.empty((4, C), like.dtype)
     for c in range(C):
         r = 1.0 / np.sqrt(np.float64(p[C + c]) + eps)
         k1 = r * w[c] if has_w else r
-        co[0, c] = k1
+        co[0, c] = k1 if mode != 3 else 2.0 * np.float64(b[C + c]) / M
         co[1, c] = -k1 * r * np.float64(p[2 * C + c]) / M if mode == 1 else 0.0
         co[2, c] = p[c] if mode != 2 else 0.0
         if mode == 0:
             co[3, c] = b[c] if has_b else 0.0
+        elif mode == 1:
+            co[3, c] = -k1 * np.float64(p[3 * C + c]) / M
         else:
-            co[3, c] = -k1 * np.float64(p[3 * C + c]) / M if mode == 1 else 0.0
+            co[3, c] = np.float64(b[c]) / M if mode == 3 else 0.0
     return co
 
 
@@ -382,7 +386,18 @@ def _run_batch_stats(n, lo, hi, ctx, mem, store):
     return stats_kernel(output(v, n), operand(v, n, 0), v.ip[n, 3], v.ip[n, 4], lo, hi)
 
 
-defop(BATCH_STATS, "batch_stats", batch_stats, _run_batch_stats, NO_GRAD, arity=1, cost=COMPUTE, flops=3,
+def _vjp_batch_stats(n, k, g, ctx):             # batch_norm_dx of kind 2: sources (g, x, the statistics)
+    G, st = rule_view(ctx)
+    x = G.src[n, 0]
+    t = grad_node(G, st, BATCH_NORM_DX, g, x, x, n, k)
+    G.src[t, 2] = n
+    G.ip[t, 2] = 2
+    G.ip[t, 3] = G.ip[n, 3]
+    G.ip[t, 4] = G.ip[n, 4]
+    return t
+
+
+defop(BATCH_STATS, "batch_stats", batch_stats, _run_batch_stats, _vjp_batch_stats, arity=1, cost=COMPUTE, flops=3,
       split=CUSTOM, public=False)
 
 
@@ -471,6 +486,10 @@ def _run_batch_norm_dx(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     has_w = v.ip[n, 0] != 0
     g = operand(v, n, 0)
+    if v.ip[n, 2] == 2:                          # batch_stats' gradient: (g (2, C), x, statistics)
+        x = operand(v, n, 1)
+        p = operand(v, n, 2)
+        return _elementwise(v, n, lo, hi, output(v, n), x, x, p, p, g, False, True, 3)
     if v.ip[n, 2] != 0:                          # training: (g, x, sums, [w])
         x = operand(v, n, 1)
         p = operand(v, n, 2)
