@@ -28,9 +28,9 @@ from .emit import copy_node
 from .errors import GraphError
 from .graph import Graph, Tensor
 from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC
-from .ops.batchnorm import statistics_nodes
 from .ops.common import graph_of
 from .plan import K_VIEW, backward_orders, best_plan
+from .running import statistics_nodes
 
 
 @njit(cache=True)

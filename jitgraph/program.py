@@ -16,7 +16,7 @@ from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
-from .ops.batchnorm import RunningStats, statistics_nodes
+from .running import RunningStats, statistics_nodes
 from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table

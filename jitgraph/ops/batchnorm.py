@@ -1,43 +1,38 @@
-"""Batch normalization over the channel axis (axis 1) of (N, C) or (N, C, *spatial)
-tensors, with running statistics that recomputation cannot update twice.
+"""Batch normalization over axis 1 of (N, C) or (N, C, *spatial) tensors, with running
+statistics that recomputation cannot update twice.
 
 Kernels see x as (N, C, S), S the product of the spatial dims; a channel's statistics
 run over M = N * S values.  ip[3] = C and ip[4] = S on every node of the family.
 
-* ``batch_stats(x)`` -> (2, C): the batch mean and biased variance (float64 sums of
-  per-plane partials, in a fixed order).  ip[0], ip[1]: the running mean and variance
-  consts it updates (-1: none); fp[0]: the momentum.
+* ``batch_stats(x)`` -> (2, C): the batch mean and biased variance.  ip[0], ip[1]: the
+  running mean and variance consts it updates (-1: none); fp[0]: the momentum.
 * ``batch_norm(x, stats, [weight], [bias])`` -> ``(x - mean) w rstd + b``, rstd =
-  1 / sqrt(var + eps) (fp[0] = eps); ip[0], ip[1]: has weight, has bias; ip[2]:
-  training.  In training ``stats`` is ``batch_stats(x)``; in evaluation the running
-  statistics (a concat of the two consts).
+  1 / sqrt(var + eps) (fp[0] = eps); ip[0], ip[1]: has weight, has bias; ip[2]: training.
+  ``stats`` is ``batch_stats(x)`` in training, a concat of the running consts in evaluation.
 * ``batch_norm_sums(g, x, stats)`` -> (4, C): mean, var, sum(g xhat) (the weight's
   gradient) and sum(g) (the bias's), xhat = (x - mean) rstd.
-* ``batch_norm_dx(g, x, sums, [w])`` -> the three-term gradient of training mode,
-  ``w rstd (g - mean(g) - xhat mean(g xhat))`` (ip[2] = 1); in evaluation ``batch_norm_dx(g,
-  stats, [w])`` = g w rstd (ip[2] = 0); and batch_stats' own gradient (ip[2] = 2).
+* ``batch_norm_dx``: ip[2] = 1, ``(g, x, sums, [w])`` -> training's three-term gradient
+  ``w rstd (g - mean(g) - xhat mean(g xhat))``; 0, ``(g, stats, [w])`` -> g w rstd
+  (evaluation); 2, ``(g, x, stats)`` -> batch_stats' own gradient.
 
-The gradient of x in training mode goes through the batch statistics too, so the rule
-of batch_norm's x slot returns that whole gradient and its stats slot none: stats is
-always ``batch_stats`` of the same x (the builder makes both).  The weight and bias
-gradients are rows of the one sums node that the x gradient also reads.  batch_stats has
-a rule of its own (mean and variance through x), for a gradient reaching it otherwise.
+In training the gradient of x goes through the batch statistics too, so the rule of
+batch_norm's x slot returns all of it and its stats slot nothing: stats is always
+``batch_stats`` of the same x (the builder makes both).  The weight and bias gradients
+are rows of the one sums node the x gradient reads.  batch_stats' own rule serves a
+gradient reaching it otherwise (build_backward without the zero table).
 
-Exactly-once running statistics: every program plans each original (not recomputed)
-``batch_stats`` node into a persistent io slot, and the checkpoint planner always keeps
-them (so no strategy recomputes them: they are 2 C floats).  After a run of the program
-has finished without error, :class:`RunningStats` applies PyTorch's momentum rule
-from those slots to the consts, in one jitted call over all layers -- one update per
-node of the program, whatever is recomputed, and none if the run raises.
+Exactly once: every program gives each original (not recomputed) ``batch_stats`` node a
+persistent io slot, and every checkpoint plan keeps them (2 C floats: none is ever
+recomputed).  After a run has finished without error, ``RunningStats`` applies
+PyTorch's momentum rule from those slots to the consts in one jitted call over all
+layers -- once per node of the program, and not at all if the run raises (running.py).
 
-Units of work: channels for the reductions (split CUSTOM); planes of S elements (rows
-of C when S = 1) for the elementwise passes, which may run in place over x or g.  A
-channel's sums are made by one call in a fixed order, so results never depend on the
-thread count.
+Units of work: channels for the reductions (split CUSTOM; float64 sums in a fixed order,
+so results never depend on the thread count); planes of S (rows of C when S = 1) for the
+elementwise passes, which may run in place over x or g.
 """
 import math
 import numbers
-import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -47,11 +42,10 @@ from .._sigs import G as G_T, ST, i64
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..ir import F_RECOMPUTED
 from ..native import RUN_EXTENT, operand, output, rule_view, run_view, same_data, span
-from ..registry import COMPUTE, CONST, CUSTOM, ELEMENTWISE, NO_GRAD, defop
+from ..registry import COMPUTE, CUSTOM, ELEMENTWISE, NO_GRAD, defop
 from ..status import NO_CONTRIBUTION, OK
-from ..vmath import dotdev8, in_dtype_of, sqdev8, sum8
+from ..vmath import in_dtype_of, sum8
 from .common import need_tensor
 from .shape import SLICE, axis_node, concat, reshape
 
@@ -62,8 +56,8 @@ BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76
 
 # ---- builders ---------------------------------------------------------------------------------------
 def _number(value: Any, what: str, name: str, lo: float, hi: float) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not lo <= float(value) <= hi:
-        raise GraphError(f"{what}: {name} must be a number in [{lo}, {hi}], got {value!r}")     # NaN too
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not lo <= float(value) <= min(hi, 1e308):
+        raise GraphError(f"{what}: {name} must be a finite number in [{lo}, {hi}], got {value!r}")     # NaN too
     return float(value)
 
 
@@ -131,8 +125,6 @@ def batch_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         raise GraphError(f"{what} of {x.label!r}: training must be True or False, got {training!r}")
     momentum = _number(momentum, f"{what} of {x.label!r}", "momentum", 0.0, 1.0)
     eps = _number(eps, f"{what} of {x.label!r}", "eps", 0.0, math.inf)
-    if math.isinf(eps):
-        raise GraphError(f"{what} of {x.label!r}: eps must be finite, got {eps!r}")
     M = x.size // C
     if training:
         if M < 2:
@@ -162,10 +154,8 @@ def batch_norm_sums(g: Tensor, x: Tensor, stats: Tensor, eps: float = 1e-5) -> T
 
 def batch_norm_dx(g: Tensor, x: Tensor, p: Tensor, weight: Optional[Tensor] = None, training: bool = True,
                   eps: float = 1e-5) -> Tensor:
-    """batch_norm's gradient of x, given its output's gradient g.  Training: ``p`` is
-    batch_norm_sums (4, C) and the result ``w rstd (g - sum(g)/M - xhat sum(g xhat)/M)``;
-    evaluation: ``p`` is the (2, C) statistics and the result ``g w rstd`` (x only
-    gives the shape)."""
+    """batch_norm's gradient of x for its output's gradient g: in training ``p`` is the
+    batch_norm_sums (4, C); in evaluation the (2, C) statistics (x gives only the shape)."""
     g, x, p = (need_tensor(t, "batch_norm_dx") for t in (g, x, p))
     C, S = _layout(x, "batch_norm_dx")
     w = _per_channel(weight, x, C, "batch_norm_dx", "weight")
@@ -178,9 +168,35 @@ def batch_norm_dx(g: Tensor, x: Tensor, p: Tensor, weight: Optional[Tensor] = No
 
 
 # ---- kernels ----------------------------------------------------------------------------------------
+WIDTH = 1024      # float64 accumulators of a channel: a plane is added into them WIDTH elements at a time
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _plane_sums(acc, ad, g, x, b, S, mu, what):
+    """Add the plane of S elements at b into the accumulators, chunk by chunk: (what 0)
+    acc += x; (1) acc += (x - mu)^2; (2) acc += g, ad += g (x - mu).  Elementwise adds, so
+    they vectorize without a chain of dependent additions, in float64."""
+    W = acc.size
+    for o in range(0, S, W):
+        m = min(W, S - o)
+        xs = x[b + o:b + o + m]
+        if what == 0:
+            for j in range(m):
+                acc[j] += xs[j]
+        elif what == 1:
+            for j in range(m):
+                d = np.float64(xs[j] - mu)
+                acc[j] += d * d
+        else:
+            gs = g[b + o:b + o + m]
+            for j in range(m):
+                acc[j] += gs[j]
+                ad[j] += gs[j] * (xs[j] - mu)
+
+
 @njit(cache=True, error_model="numpy")
 def stats_kernel(out, x, C, S, lo, hi):
-    """Channels [lo, hi) of out (2, C): mean and biased variance of x (N, C, S)."""
+    """Channels [lo, hi) of out (2, C): mean and biased variance of x (N, C, S), two passes."""
     N = x.size // (C * S)
     M = N * S
     if S == 1:                                   # rows of C: running sums down the columns
@@ -197,22 +213,23 @@ def stats_kernel(out, x, C, S, lo, hi):
         for r in range(N):
             row = x[r * C + lo:r * C + hi]
             for j in range(m):
-                d = row[j] - mu[j]
+                d = np.float64(row[j] - mu[j])
                 acc[j] += d * d
         var = out[C + lo:C + hi]
         for j in range(m):
             var[j] = acc[j] / M
         return OK
+    acc = np.empty(min(S, WIDTH), np.float64)
     for c in range(lo, hi):
-        s = 0.0
-        for i in range(N):
-            s += sum8(x[(i * C + c) * S:(i * C + c + 1) * S])
-        mu = in_dtype_of(x, s / M)
-        q = 0.0
-        for i in range(N):
-            q += sqdev8(x[(i * C + c) * S:(i * C + c + 1) * S], mu)
+        mu = in_dtype_of(x, 0.0)
+        for what in range(2):                    # the mean, then squares around it
+            acc[:] = 0.0
+            for i in range(N):
+                _plane_sums(acc, acc, x, x, (i * C + c) * S, S, mu, what)
+            if what == 0:
+                mu = in_dtype_of(x, sum8(acc) / M)
         out[c] = mu
-        out[C + c] = q / M
+        out[C + c] = sum8(acc) / M
     return OK
 
 
@@ -238,18 +255,17 @@ def sums_kernel(out, g, x, p, C, S, eps, lo, hi):
             out[2 * C + c] = sd[j] / np.sqrt(np.float64(p[C + c]) + eps)
             out[3 * C + c] = sg[j]
         return OK
+    sg = np.empty(min(S, WIDTH), np.float64)
+    sd = np.empty(min(S, WIDTH), np.float64)
     for c in range(lo, hi):
-        mu = p[c]
-        a = 0.0
-        d = 0.0
+        sg[:] = 0.0
+        sd[:] = 0.0
         for i in range(N):
-            gs = g[(i * C + c) * S:(i * C + c + 1) * S]
-            a += sum8(gs)
-            d += dotdev8(gs, x[(i * C + c) * S:(i * C + c + 1) * S], mu)
-        out[c] = mu
+            _plane_sums(sg, sd, g, x, (i * C + c) * S, S, p[c], 2)
+        out[c] = p[c]
         out[C + c] = p[C + c]
-        out[2 * C + c] = d / np.sqrt(np.float64(p[C + c]) + eps)
-        out[3 * C + c] = a
+        out[2 * C + c] = sum8(sd) / np.sqrt(np.float64(p[C + c]) + eps)
+        out[3 * C + c] = sum8(sg)
     return OK
 
 
@@ -502,71 +518,3 @@ def _run_batch_norm_dx(n, lo, hi, ctx, mem, store):
 
 defop(BATCH_NORM_DX, "batch_norm_dx", batch_norm_dx, _run_batch_norm_dx, NO_GRAD, arity=-1, kind=ELEMENTWISE,
       flops=5, split=CUSTOM, public=False)
-
-
-# ---- the running statistics --------------------------------------------------------------------------
-def statistics_nodes(nodes: Any, order: np.ndarray) -> np.ndarray:
-    """The original (not recomputed) batch_stats nodes of ``order``: every checkpoint plan
-    keeps them and every program gives them io slots, so they outlive the run."""
-    order = np.asarray(order, np.int64)
-    return order[(nodes.op[order] == BATCH_STATS) & ((nodes.flags[order] & F_RECOMPUTED) == 0)]
-
-
-@njit(cache=True)
-def update_running(mem, store, at, mean_at, var_at, C, momentum, unbias):
-    """PyTorch's rule, layer after layer: running = (1 - m) running + m batch (variance
-    unbiased: times M / (M - 1)); float64 math."""
-    for i in range(at.size):
-        m = momentum[i]
-        for c in range(C[i]):
-            a = mean_at[i] + c
-            store[a] = m * np.float64(mem[at[i] + c]) + (1.0 - m) * np.float64(store[a])
-            b = var_at[i] + c
-            store[b] = m * (np.float64(mem[at[i] + C[i] + c]) * unbias[i]) + (1.0 - m) * np.float64(store[b])
-
-
-_update_lock = threading.Lock()
-
-
-class RunningStats:
-    """The running-statistics update of one program: where each training batch_norm's
-    statistics are in the run buffer, and where its running mean and variance are in the
-    value store.  ``apply`` runs after a successful run."""
-
-    def __init__(self, graph: Any, ids: np.ndarray, off: np.ndarray) -> None:
-        nodes = graph.nodes
-        rm, rv = nodes.ip[ids, 0], nodes.ip[ids, 1]
-        C = nodes.ip[ids, 3]
-        n = nodes.n
-        ok = (rm >= 0) & (rv >= 0) & (rm < n) & (rv < n) & (rm != rv)
-        rm_, rv_ = np.where(ok, rm, 0), np.where(ok, rv, 0)
-        numel = nodes.shape.prod(axis=1)
-        ends = np.maximum(nodes.ip[rm_, 0], nodes.ip[rv_, 0]) + C
-        x = nodes.src[ids, 0]
-        M = numel[x] // np.maximum(C, 1)
-        momentum = nodes.fp[ids, 0]
-        ok &= (nodes.op[rm_] == CONST) & (nodes.op[rv_] == CONST) & (numel[rm_] == C) & (numel[rv_] == C)
-        ok &= (numel[ids] == 2 * C) & (C >= 1) & (M >= 2) & (momentum >= 0) & (momentum <= 1)
-        ok &= (nodes.ip[rm_, 0] >= 0) & (nodes.ip[rv_, 0] >= 0) & (ends <= graph.store_used)
-        if not ok.all():
-            bad = int(ids[np.flatnonzero(~ok)[0]])
-            raise GraphError(f"batch_stats {graph.label(bad)!r}: its running statistics are not two distinct "
-                             f"consts of its {int(nodes.ip[bad, 3])} channels, or its momentum is not in [0, 1]")
-        self.at = np.ascontiguousarray(off[ids], np.int64)
-        self.mean_at = np.ascontiguousarray(nodes.ip[rm, 0], np.int64)
-        self.var_at = np.ascontiguousarray(nodes.ip[rv, 0], np.int64)
-        self.C = np.ascontiguousarray(C, np.int64)
-        self.momentum = np.ascontiguousarray(momentum, np.float64)
-        self.unbias = M / (M - 1.0)
-
-    @staticmethod
-    def of(graph: Any, order: np.ndarray, off: np.ndarray) -> Optional["RunningStats"]:
-        """The update of a program with this order and plan, or None (no training
-        batch_norm with running statistics)."""
-        ids = statistics_nodes(graph.nodes, order)
-        ids = ids[(graph.nodes.ip[ids, 0] >= 0) | (graph.nodes.ip[ids, 1] >= 0)]
-        return RunningStats(graph, ids, off) if ids.size else None
-
-    def apply(self, mem: np.ndarray, store: np.ndarray) -> None:
-        with _update_lock:
-            update_running(mem, store, self.at, self.mean_at, self.var_at, self.C, self.momentum, self.unbias)
