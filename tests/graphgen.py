@@ -24,7 +24,7 @@ BY_FAMILY = {}
 for _name, _case in REF.items():
     BY_FAMILY.setdefault(_case.fuzz, []).append(_name)
 FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "rowpair",
-                                  "shape", "shape", "matmul", "gather", "loss") if f in BY_FAMILY)
+                                  "shape", "shape", "matmul", "gather", "loss", "attention") if f in BY_FAMILY)
 EMBED_ROWS = 5
 
 
@@ -116,6 +116,15 @@ def _draw_instruction(draw, family, op, vals):
         if op == "cross_entropy_index_d":
             return op, (("v", i, "any"), ("c", classes), ("c", np.array(0.5))), {"ignore_index": None}
         return op, (("v", i, "any"), ("c", _targets(a))), {}
+    if family == "attention":                            # value i as one head's queries (Tq, d)
+        tk, causal = draw(st.sampled_from(DIMS)), draw(st.booleans())
+        keys = ("p", (tk, a[1]))
+        if op == "attention":                            # new keys and values, or self-attention
+            if draw(st.booleans()):
+                return op, (("v", i, "any"),) * 3, {"causal": causal}
+            return op, (("v", i, "any"), keys, ("p", (tk, a[1]))), {"causal": causal}
+        gd = np.linspace(-1.0, 1.0, a[0] * (a[1] + 1)).reshape(a[0], a[1] + 1)    # attention_d: [dO | D]
+        return op, (("v", i, "bounded"), keys, ("p", (tk, a[1])), ("c", gd)), {"causal": causal}
     raise ValueError(f"unknown fuzz family {family!r}")
 
 
