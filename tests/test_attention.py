@@ -20,12 +20,11 @@ A = importlib.import_module("jitgraph.ops.attention")   # the module (jitgraph.o
 @pytest.fixture(params=["default blocks", "small blocks"])
 def blocks(request, monkeypatch):
     """The kernels' block sizes, read when a node is built: the defaults, or blocks of 3 query
-    rows, 5 keys and GEMMs of 2 keys, so a few rows make many blocks, several key blocks
-    (online rescaling, the backward's recomputing path) and partial GEMM chunks."""
+    rows and 5 keys, so a few rows make many blocks, several key blocks
+    (online rescaling, the backward's recomputing path) and partial last blocks."""
     if request.param == "small blocks":
         monkeypatch.setattr(A, "BLOCK_ROWS", 3)
         monkeypatch.setattr(A, "BLOCK_KEYS", 5)
-        monkeypatch.setattr(A, "GEMM_KEYS", 2)
     return request.param
 
 
