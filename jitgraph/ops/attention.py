@@ -7,27 +7,31 @@ per block (BR), ip[2] keys per block (KB), ip[DOT_K] the cost model's contracted
 fp[0] the scale.  The block sizes are fixed when the node is built (module constants), so a
 result depends on the shapes only -- never on the thread count.
 
+A block's scores live in a KB x BR scratch, allocated once per runner call: transposed, a key
+per row (see ``_scores``: the products run faster so, and the softmax's loops run across
+queries, vectorized, with no reductions).
+
 **Forward** (``attention``).  A unit of work is one block of BR query rows of one head
-(split CUSTOM).  For each block of KB keys: S = scale Q_i K_j^T by one GEMM into a BR x KB
-scratch (allocated once per call, not per row), entries with key > query set aside when
-causal, and an online softmax -- a running row max m and sum l; when m grows, the partial
-sum and the output rows are rescaled by exp(m_old - m_new) -- then O_i += P V_j by a GEMM;
-at the end O_i /= l.  Causal blocks skip the keys no row of the block may see.
+(split CUSTOM).  For each block of KB keys: the scores by one GEMM, keys after the query set
+to 0 when causal, and an online softmax -- running row maxima m and sums l; when m grows, the
+partial sums and output rows are rescaled by exp(m_old - m_new) -- then O_i += P V_j by a
+GEMM; at the end O_i /= l.  Causal blocks skip the keys no row of the block sees.
 
 **Backward** (``attention_d``).  D = rowsum(dO * O) (a mul and a sum node) is packed beside
 dO as ``gd = [dO | D]`` (a concat), since a node has at most four sources: the gradient node
 is ``attention_d(q, k, v, gd)`` and its output packs the three gradients along the T axis,
 (..., Tq + 2 Tk, d) = [dq; dk; dv]; each source's gradient is a ``slice`` of it (a copy of
-its own size, ~0.3% of the node's time at T = 1024).  A unit is one head (dk and dv sum
-over all query blocks; one unit accumulates them in a fixed order).  Per block of BR query
-rows, the row statistics are recomputed from q and k -- S by GEMM, its exps, m and l, so the
-log-sum-exp is recomputed, not saved: the forward node's one output is O, and a second
-forward output would need a second node computing S again -- then per key block, with
-P = exp(S - lse): dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D), dQ_i += scale dS K_j,
-dK_j += scale dS^T Q_i (five GEMMs).  When the keys a block sees fit one key block
-(Tk <= KB, the common case), the exps of the statistics pass are P up to 1 / l and nothing
-is computed twice: the backward costs 5 GEMMs and one exp per score, as FlashAttention-2's.
-Longer key ranges recompute S and its exps once more per block.
+its own size: ~1% of the node's time at T = 1024).  A unit is one head (dk and dv sum over
+all query blocks; one unit accumulates them in a fixed order).  Per block of BR query rows,
+the row statistics are recomputed from q and k -- scores by GEMM, their exps, m and l: the
+log-sum-exp is recomputed, not saved, because a node has one output (O, which the user
+reads), and saving it would take a second forward node computing the scores again or an
+output wider than O sliced by a copy.  Then per key block, with P = exp(S - lse):
+dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D), dQ_i += scale dS K_j and
+dK_j += scale dS^T Q_i (five GEMMs).  When the keys a block sees fit one key block (Tk <= KB,
+the common case), the statistics pass's exps are P up to 1 / l (folded into dO and D) and
+nothing is computed twice: the backward does 5 GEMMs and one exp per score, as
+FlashAttention-2's.  Longer key ranges compute the scores and exps once more per block.
 
 ``attention_d`` has no gradient rule: second order through attention is not supported
 (``build_backward`` of a gradient that flows through it raises, naming the op).
@@ -48,7 +52,7 @@ from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, ca
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..status import OK
 from .. import vmath
-from ..vmath import in_dtype_of, max8, sum8
+from ..vmath import in_dtype_of
 from .binary import MUL
 from .reduce import SUM, row_reduce
 from .shape import CONCAT, SLICE, axis_node
