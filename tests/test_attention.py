@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 import pytest
+from numba import njit
 
 import jitgraph as jg
+from jitgraph import vmath
 from jitgraph.interpreter import PARALLEL_MIN
 
 from .naive import attention_ref
@@ -20,10 +22,11 @@ A = importlib.import_module("jitgraph.ops.attention")   # the module (jitgraph.o
 @pytest.fixture(params=["default blocks", "small blocks"])
 def blocks(request, monkeypatch):
     """The kernels' block sizes, read when a node is built: the defaults, or blocks of 3 query
-    rows and 5 keys, so a few rows make many blocks, several key blocks
+    rows (2 when causal) and 5 keys, so a few rows make many blocks, several key blocks
     (online rescaling, the backward's recomputing path) and partial last blocks."""
     if request.param == "small blocks":
         monkeypatch.setattr(A, "BLOCK_ROWS", 3)
+        monkeypatch.setattr(A, "BLOCK_ROWS_CAUSAL", 2)
         monkeypatch.setattr(A, "BLOCK_KEYS", 5)
     return request.param
 
@@ -214,3 +217,23 @@ def test_bad_arguments_name_the_tensor():
         jg.attention(q, k, v, scale=float("nan"))
     with pytest.raises(jg.GraphError, match="causal must be True or False"):
         jg.attention(q, k, v, causal="yes")
+
+
+@njit(cache=True)
+def _exps(x):
+    a = np.empty_like(x)
+    b = np.empty_like(x)
+    for i in range(x.size):
+        a[i] = vmath.exp(x[i])
+        b[i] = vmath.exp_nonpositive(x[i])
+    return a, b
+
+
+def test_the_kernels_exp_is_exp_bit_for_bit_below_zero():
+    """vmath.exp_nonpositive (the softmax's exps of the kernels: arguments are scores minus
+    their maximum) gives vmath.exp's bits on every x <= 0 of a dense sweep, and NaN for NaN."""
+    x = np.concatenate([-np.logspace(-30, 2, 400_000), np.linspace(-100, 0, 400_000), [-np.inf, -0.0, 0.0]])
+    for dtype in (np.float32, np.float64):
+        a, b = _exps(x.astype(dtype))
+        assert a.tobytes() == b.tobytes(), dtype
+        assert np.isnan(_exps(np.array([np.nan], dtype))[1][0])
