@@ -64,7 +64,7 @@ ATTENTION, ATTENTION_D = 69, 70
 BLOCK_ROWS = 128         # query rows per block (the forward's unit of work)
 BLOCK_ROWS_CAUSAL = 64   # causal: fewer wasted scores above the diagonal (B, H, T, d = 8, 6, 128, 32: 14% faster)
 BLOCK_KEYS = 2048        # keys per block; the scores' scratch is BLOCK_KEYS x BLOCK_ROWS (T = 2048: 12% over 1024)
-SEARCH = 16            # how far back a rule looks for the gradient node an earlier slot made
+SEARCH = 16              # how far back a rule looks for the gradient node an earlier slot made
 
 
 # ---- building ------------------------------------------------------------------------------------
