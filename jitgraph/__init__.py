@@ -10,6 +10,8 @@ from .graph import Graph, Tensor
 from .io import load, save
 from .ops import (binary as _binary, compare as _compare, conv as _conv, elementary as _elementary, gather as _gather, linear as _linear, norm as _norm, reduce as _reduce,
                   shape as _shape, softmaxes as _softmaxes, stochastic as _stochastic, unary as _unary)
+from .ops.attention import __all__ as _attention_all
+from .ops.attention import *   # noqa: F401,F403
 from .ops.binary import *      # noqa: F401,F403  -- the op functions (jg.relu ...): each family's __all__
 from .ops.compare import *     # noqa: F401,F403
 from .ops.conv import *        # noqa: F401,F403
@@ -36,6 +38,7 @@ __all__ = [
     "checkpoint", "pareto", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim",
     "train", "batches", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
 ]
+__all__ += _attention_all
 __all__ += _binary.__all__
 __all__ += _compare.__all__
 __all__ += _conv.__all__

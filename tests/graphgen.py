@@ -24,7 +24,7 @@ BY_FAMILY = {}
 for _name, _case in REF.items():
     BY_FAMILY.setdefault(_case.fuzz, []).append(_name)
 FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "rowpair",
-                                  "shape", "shape", "matmul", "gather", "loss", "channels") if f in BY_FAMILY)
+                                  "shape", "shape", "matmul", "gather", "loss", "channels", "attention") if f in BY_FAMILY)
 EMBED_ROWS = 5
 
 
@@ -129,6 +129,15 @@ def _draw_instruction(draw, family, op, vals):
             return op, (("v", i, "any"), ("v", j, "any"), ("c", stats)), dict(case.kw)
         sums = np.concatenate([stats, np.stack([np.linspace(-1, 1, C), np.linspace(1, -0.5, C)])])
         return op, (("v", i, "any"), ("v", j, "any"), ("c", sums), ("p", (C,))), dict(case.kw)
+    if family == "attention":                            # value i as one head's queries (Tq, d)
+        tk, causal = draw(st.sampled_from(DIMS)), draw(st.booleans())
+        keys = ("p", (tk, a[1]))
+        if op == "attention":                            # new keys and values, or self-attention
+            if draw(st.booleans()):
+                return op, (("v", i, "any"),) * 3, {"causal": causal}
+            return op, (("v", i, "any"), keys, ("p", (tk, a[1]))), {"causal": causal}
+        gd = np.linspace(-1.0, 1.0, a[0] * (a[1] + 1)).reshape(a[0], a[1] + 1)    # attention_d: [dO | D]
+        return op, (("v", i, "bounded"), keys, ("p", (tk, a[1])), ("c", gd)), {"causal": causal}
     raise ValueError(f"unknown fuzz family {family!r}")
 
 

@@ -167,6 +167,30 @@ def batch_norm_dx_ref(g, x, q, w, eps):
 def bn_statistics(c):
     """A (2, c) mean and positive variance."""
     return lambda rng: np.stack([rng.uniform(-1, 1, c), rng.uniform(0.5, 2, c)])
+def _probs(q, k, causal, scale):
+    """Attention probabilities (..., Tq, Tk): softmax of the scaled scores, keys j > i masked."""
+    s = (q @ np.swapaxes(k, -1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    return softmax(s)
+
+
+def attention_ref(q, k, v, causal=False, scale=None):
+    return _probs(q, k, causal, scale) @ v
+
+
+def attention_d_ref(q, k, v, gd, causal=False, scale=None):
+    """[dq; dk; dv] along the T axis from gd = [dO | D] (D = rowsum(dO * O)), by the formulas."""
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    p, g, D = _probs(q, k, causal, scale), gd[..., :-1], gd[..., -1:]
+    ds = p * (g @ np.swapaxes(v, -1, -2) - D)
+    return np.concatenate([sc * ds @ k, sc * np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ g], axis=-2)
+
+
+def attention_d_args(rng, causal=True):
+    q, k, v, g = u(2, 2, 5, 4)(rng), u(2, 2, 6, 4)(rng), u(2, 2, 6, 4)(rng), u(2, 2, 5, 4)(rng)
+    D = (g * attention_ref(q, k, v, causal)).sum(-1, keepdims=True)
+    return [q, k, v, np.concatenate([g, D], axis=-1)]
 
 
 PHI = 1 / math.sqrt(2 * math.pi)
@@ -267,6 +291,10 @@ REF = {
     "norm_rstd": Case(lambda x, eps, center: 1 / np.sqrt(((x - (x.mean(-1, keepdims=True) if center else 0)) ** 2)
                                                        .mean(-1, keepdims=True) + eps),
                       one(u(3, 6)), "rowwise", dict(eps=1e-5, center=True)),
+    # attention
+    "attention": Case(attention_ref, lambda r: [u(2, 2, 5, 4)(r), u(2, 2, 6, 4)(r), u(2, 2, 6, 4)(r)], "attention",
+                      dict(causal=True)),
+    "attention_d": Case(attention_d_ref, attention_d_args, "attention", dict(causal=True), grad=False),
     # gathers
     "embedding": Case(lambda T, i: T[i], lambda r: [u(5, 3)(r), np.array([[0, 2], [2, 4], [1, 1]])], "gather"),
     "scatter_add": Case(scatter_add_ref, lambda r: [u(4, 3)(r), np.array([1, 0, 1, 3])], "gather",
@@ -284,7 +312,7 @@ REF = {
 }
 
 FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "rowpair", "shape", "matmul", "gather", "loss",
-                 "channels")
+                 "channels", "attention")
 
 
 def build(op, builder: Callable, tensors: list, kw: dict) -> Any:

@@ -16,7 +16,7 @@ import pytest
 from jitgraph.cli import perf_package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("forward", "backward", "memory", "checkpoint", "conv", "batchnorm")
+SCRIPTS = ("forward", "backward", "memory", "checkpoint", "conv", "batchnorm", "attention")
 
 
 def run_bench(out, block_torch):

@@ -2,6 +2,8 @@
 (registry.py); the builders each family lists in ``__all__`` are jitgraph's public
 op functions."""
 from . import binary, compare, conv, elementary, gather, linear, norm, reduce, shape, softmaxes, stochastic, unary
+from .attention import *   # noqa: F401,F403  -- binds the name attention to the op, not the module
+from .attention import __all__ as _attention_all
 from .binary import *      # noqa: F401,F403
 from .compare import *     # noqa: F401,F403
 from .conv import *        # noqa: F401,F403
@@ -18,6 +20,7 @@ from . import batchnorm
 from .batchnorm import *   # noqa: F401,F403
 
 __all__ = []
+__all__ += _attention_all
 __all__ += binary.__all__
 __all__ += compare.__all__
 __all__ += conv.__all__

@@ -1,0 +1,421 @@
+"""Fused scaled dot-product attention: ``attention(q, k, v, causal, scale)`` is one node,
+its gradient one node, and neither ever holds a (Tq, Tk) score matrix.
+
+Shapes: q (..., Tq, d), k and v (..., Tk, d), the same leading axes (B, H) on all three; the
+kernels see B * H heads of row-major (T, d) matrices.  Params: ip[0] causal, ip[1] query rows
+per block (BR), ip[2] keys per block (KB), ip[DOT_K] the cost model's contracted length;
+fp[0] the scale.  The block sizes are fixed when the node is built (module constants), so a
+result depends on the shapes only -- never on the thread count.
+
+A block's scores live in a KB x BR scratch, allocated once per runner call: transposed, a key
+per row (see ``_scores``: the products run faster so, and the softmax's loops run across
+queries, vectorized, with no reductions).
+
+**Forward** (``attention``).  A unit of work is one block of BR query rows of one head
+(split CUSTOM).  For each block of KB keys: the scores by one GEMM, keys after the query set
+to 0 when causal, and an online softmax -- running row maxima m and sums l; when m grows, the
+partial sums and output rows are rescaled by exp(m_old - m_new) -- then O_i += P V_j by a
+GEMM; at the end O_i /= l.  Causal blocks skip the keys no row of the block sees.
+
+**Backward** (``attention_d``).  D = rowsum(dO * O) (a mul and a sum node) is packed beside
+dO as ``gd = [dO | D]`` (a concat), since a node has at most four sources: the gradient node
+is ``attention_d(q, k, v, gd)`` and its output packs the three gradients along the T axis,
+(..., Tq + 2 Tk, d) = [dq; dk; dv]; each source's gradient is a ``slice`` of it (a copy of
+its own size: ~1% of the node's time at T = 1024).  A unit is one head (dk and dv sum over
+all query blocks; one unit accumulates them in a fixed order).  Per block of BR query rows,
+the row statistics are recomputed from q and k -- scores by GEMM, their exps, m and l: the
+log-sum-exp is recomputed, not saved, because a node has one output (O, which the user
+reads), and saving it would take a second forward node computing the scores again or an
+output wider than O sliced by a copy.  Then per key block, with P = exp(S - lse):
+dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D), dQ_i += scale dS K_j and
+dK_j += scale dS^T Q_i (five GEMMs).  When the keys a block sees fit one key block (Tk <= KB,
+the common case), the statistics pass's exps are P up to 1 / l (folded into dO and D) and
+nothing is computed twice: the backward does 5 GEMMs and one exp per score, as
+FlashAttention-2's.  Longer key ranges compute the scores and exps once more per block.
+
+``attention_d`` has no gradient rule: second order through attention is not supported
+(``build_backward`` of a gradient that flows through it raises, naming the op).
+"""
+import math
+import numbers
+from typing import Optional
+
+import numpy as np
+from numba import njit
+
+from ..emit import grad_node, new_node
+from ..errors import GraphError
+from ..graph import Tensor
+from ..ir import F_GRAD
+from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, call_int, data_pointer, gemm, gemm64,
+                      operand, output, rule_view, run_view, span)
+from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
+from ..status import OK
+from .. import vmath
+from ..vmath import in_dtype_of
+from .binary import MUL
+from .reduce import SUM, row_reduce
+from .shape import CONCAT, SLICE, axis_node
+
+__all__ = ["attention"]
+
+ATTENTION, ATTENTION_D = 69, 70
+
+BLOCK_ROWS = 128         # query rows per block (the forward's unit of work)
+BLOCK_ROWS_CAUSAL = 64   # causal: fewer wasted scores above the diagonal (B, H, T, d = 8, 6, 128, 32: 14% faster)
+BLOCK_KEYS = 2048        # keys per block; the scores' scratch is BLOCK_KEYS x BLOCK_ROWS (T = 2048: 12% over 1024)
+SEARCH = 16              # how far back a rule looks for the gradient node an earlier slot made
+
+
+# ---- building ------------------------------------------------------------------------------------
+def _check(what: str, q: Tensor, k: Tensor, v: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise GraphError(f"{what}: {name} must be a Tensor, got {type(t).__name__}")
+        if not 2 <= t.ndim <= 4:
+            raise GraphError(f"{what}: {name} {t.label!r} {t.shape} must have 2 to 4 dims, (B, H, T, d)")
+    for name, t in (("k", k), ("v", v)):
+        if t.graph is not q.graph:
+            raise GraphError(f"{what}: {name} {t.label!r} belongs to another graph than q {q.label!r}")
+        if t.shape[:-2] != q.shape[:-2] or t.shape[-1] != q.shape[-1]:
+            raise GraphError(f"{what}: {name} {t.label!r} {t.shape} must match q {q.label!r} {q.shape} "
+                             "in its leading (B, H) axes and its last axis d")
+    if v.shape != k.shape:
+        raise GraphError(f"{what}: v {v.label!r} {v.shape} must have the shape of k {k.label!r} {k.shape}")
+
+
+def _scale(scale: Optional[float], d: int, what: str) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise GraphError(f"{what}: scale must be a finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def _params(causal: bool, contracted: int) -> tuple:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise GraphError(f"attention: causal must be True or False, got {causal!r}")
+    rows = BLOCK_ROWS_CAUSAL if causal else BLOCK_ROWS
+    return (int(causal), rows, BLOCK_KEYS) + (0,) * (DOT_K - 3) + (contracted,)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None) -> Tensor:
+    """softmax(scale q k^T + mask) v, fused: q (B, H, Tq, d), k and v (B, H, Tk, d) (or fewer
+    leading axes, the same on all three) -> (B, H, Tq, d).  ``scale`` defaults to 1 / sqrt(d);
+    ``causal`` masks key j for query i when j > i (PyTorch's is_causal: the top-left
+    alignment when Tq != Tk).  Never holds a (Tq, Tk) matrix, forward or backward; the
+    gradient recomputes the probabilities block by block (see the module docstring)."""
+    _check("attention", q, k, v)
+    s = _scale(scale, q.shape[-1], "attention")
+    tk = k.shape[-2]
+    return q.graph._node(ATTENTION, (q.id, k.id, v.id), q.shape, ip=_params(causal, tk if causal else 2 * tk),
+                         fp=(s,))
+
+
+# ---- the kernels' pieces -------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy", inline="always")
+def _mm(fn, ilp64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
+    """Row-major C (M x N, row stride ldc) = alpha op(A) op(B) + beta C, the matrices starting
+    at the first elements of A, B, C (op: transposed when ta / tb is 1): the column-major
+    C^T = op(B)^T op(A)^T of the BLAS."""
+    if ilp64:
+        gemm64(fn, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
+    else:
+        gemm(fn, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _first_seen(causal, key, q0, rows):
+    """The first of query rows [q0, q0 + rows) that sees ``key`` (keys <= query when causal)."""
+    return 0 if causal == 0 else min(rows, max(0, key - q0))
+
+
+@njit(cache=True, error_model="numpy")
+def _scores(fn, ilp64, St, Q, K, q0, rows, k0, kb, d, scale):
+    """St (kb x rows) = scale K_blk Q_i^T: the scores of query rows [q0, q0 + rows) against keys
+    [k0, k0 + kb), transposed -- a key per row of St.  Stored so, the products run faster (d = 64,
+    128 query rows, 1024 keys: 93 GFLOP/s for K Q^T against 69 for Q K^T, and 95 against 85 for
+    the gradients' products) and the softmax's work runs along St's rows, across queries, so its
+    loops vectorize without reductions."""
+    _mm(fn, ilp64, 0, 1, kb, rows, d, scale, K[k0 * d:], d, Q[q0 * d:], d, 0.0, St, rows)
+    return OK
+
+
+@njit(cache=True, error_model="numpy")
+def _online(St, rows, kb, q0, k0, causal, m, l, corr, mx):
+    """One key block of the online softmax of query rows [q0, q0 + rows): St (kb x rows) holds
+    the scores and gets exp(s - m_new) (0 where masked); m, l are the running maxima and sums,
+    corr[r] = exp(m_old - m_new) the factor earlier partial results need; mx is scratch."""
+    zero = in_dtype_of(St, 0.0)
+    ninf = in_dtype_of(St, -np.inf)
+    for r in range(rows):
+        mx[r] = m[r]
+    for i in range(kb):
+        r0 = _first_seen(causal, k0 + i, q0, rows)
+        s = St[i * rows + r0:(i + 1) * rows]
+        y = mx[r0:rows]
+        for j in range(rows - r0):
+            y[j] = max(y[j], s[j])
+    for r in range(rows):
+        c = zero if m[r] == ninf else vmath.exp_nonpositive(m[r] - mx[r])
+        corr[r] = c
+        l[r] *= c
+        m[r] = mx[r]
+    for i in range(kb):
+        r0 = _first_seen(causal, k0 + i, q0, rows)
+        s = St[i * rows:(i + 1) * rows]
+        for j in range(r0):
+            s[j] = zero
+        s = s[r0:rows]
+        y = m[r0:rows]
+        z = l[r0:rows]
+        for j in range(rows - r0):
+            e = vmath.exp_nonpositive(s[j] - y[j])
+            s[j] = e
+            z[j] += e
+    return OK
+
+
+@njit(cache=True, error_model="numpy")
+def _probabilities(St, rows, kb, q0, k0, causal, lse):
+    """St (kb x rows) of scores -> exp(s - lse[r]), 0 where masked."""
+    zero = in_dtype_of(St, 0.0)
+    for i in range(kb):
+        r0 = _first_seen(causal, k0 + i, q0, rows)
+        s = St[i * rows:(i + 1) * rows]
+        for j in range(r0):
+            s[j] = zero
+        s = s[r0:rows]
+        y = lse[r0:rows]
+        for j in range(rows - r0):
+            s[j] = vmath.exp_nonpositive(s[j] - y[j])
+    return OK
+
+
+@njit(cache=True, error_model="numpy")
+def _stats(fn, ilp64, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx):
+    """Row maxima m and sums l of exp(scores) of query rows [q0, q0 + rows) over keys
+    [0, kend); St holds the last key block's exps (relative to the final m when one block)."""
+    for r in range(rows):
+        m[r] = in_dtype_of(St, -np.inf)
+        l[r] = in_dtype_of(St, 0.0)
+    for k0 in range(0, kend, KB):
+        kb = min(KB, kend - k0)
+        _scores(fn, ilp64, St, Q, K, q0, rows, k0, kb, d, scale)
+        _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _scratch(out, rows, keys):
+    """A call's scratch: transposed scores (keys x rows), and per query row the maximum, sum,
+    correction factor and a spare."""
+    return (np.empty(rows * keys, out.dtype), np.empty(rows, out.dtype), np.empty(rows, out.dtype),
+            np.empty(rows, out.dtype), np.empty(rows, out.dtype))
+
+
+# ---- forward -------------------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, ilp64):
+    """Units [lo, hi): unit u is query rows [BR b, BR b + BR) of head h, u = h * blocks + b."""
+    blocks = (Tq + BR - 1) // BR
+    St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
+    for u in range(lo, hi):
+        h = u // blocks
+        q0 = (u % blocks) * BR
+        rows = min(BR, Tq - q0)
+        Qh = Q[h * Tq * d:(h + 1) * Tq * d]
+        Kh = K[h * Tk * d:(h + 1) * Tk * d]
+        Vh = V[h * Tk * d:(h + 1) * Tk * d]
+        acc = out[(h * Tq + q0) * d:(h * Tq + q0 + rows) * d]
+        for i in range(acc.size):
+            acc[i] = 0.0
+        for r in range(rows):
+            m[r] = in_dtype_of(out, -np.inf)
+            l[r] = in_dtype_of(out, 0.0)
+        kend = min(Tk, q0 + rows) if causal else Tk
+        for k0 in range(0, kend, KB):
+            kb = min(KB, kend - k0)
+            _scores(fn, ilp64, St, Qh, Kh, q0, rows, k0, kb, d, scale)
+            _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
+            if k0 > 0:
+                for r in range(rows):
+                    c = corr[r]
+                    a = acc[r * d:(r + 1) * d]
+                    for j in range(d):
+                        a[j] *= c
+            _mm(fn, ilp64, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * d:], d, 1.0, acc, d)      # O += P V
+        for r in range(rows):
+            inv = in_dtype_of(out, 1.0) / l[r]
+            a = acc[r * d:(r + 1) * d]
+            for j in range(d):
+                a[j] *= inv
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _blas_begin(v):
+    """(gemm address, ilp64, setter, the thread's BLAS thread count before): this thread's
+    BLAS calls run on one thread (jitgraph's threads share the work)."""
+    setter = v.ctx[RUN_BLAS_THREADS]
+    before = call_int(setter, 1) if setter != 0 else 0
+    return v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0, setter, before
+
+
+def _run_attention(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    sq = v.shape[v.src[n, 0]]
+    heads = sq[0] * sq[1]
+    Tq = sq[2]
+    BR = v.ip[n, 1]
+    units = heads * ((Tq + BR - 1) // BR)
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = units
+        return OK
+    lo, hi = span(lo, hi, units)
+    fn, ilp64, setter, before = _blas_begin(v)
+    status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq,
+                               v.shape[v.src[n, 1], 2], sq[3], v.fp[n, 0], v.ip[n, 0], BR, v.ip[n, 2],
+                               lo, hi, fn, ilp64)
+    if setter != 0:
+        call_int(setter, before)
+    return status
+
+
+@njit(cache=True)
+def _d_contracted(Tq, Tk, causal):
+    """ip[DOT_K] of attention_d: its ~5 (2.5 causal) Tq Tk d multiply-adds per packed element."""
+    return max(1, (5 * Tq * Tk) // ((2 if causal else 1) * (Tq + 2 * Tk)))
+
+
+@njit(cache=True)
+def _packed_gradient(G, st, n, k, g):
+    """The slice of attention node n's packed gradient node for source slot k.  The packed
+    node (and gd = [g | rowsum(g * out)]) is made by the first slot's rule and found again
+    by the later ones: they run one after another, a few nodes apart."""
+    q = G.src[n, 0]
+    kk = G.src[n, 1]
+    Tq = G.shape[q, 2]
+    Tk = G.shape[kk, 2]
+    packed = -1
+    for m in range(st[0] - 1, max(st[0] - SEARCH, 0) - 1, -1):
+        if G.op[m] == ATTENTION_D and G.origin[m] == n and G.src[G.src[m, 3], 0] == g:
+            packed = m
+            break
+    if packed < 0:
+        dots = row_reduce(G, st, SUM, grad_node(G, st, MUL, g, n, n, n, k), n, 3, n, k)
+        gd = grad_node(G, st, CONCAT, g, dots, n, n, k)
+        G.shape[gd, 3] = G.shape[n, 3] + 1
+        G.ip[gd, 0] = 3
+        packed = new_node(G, st, ATTENTION_D, q, kk, q, F_GRAD, n, k)
+        G.src[packed, 2] = G.src[n, 2]
+        G.src[packed, 3] = gd
+        G.shape[packed, 2] = Tq + 2 * Tk
+        G.ip[packed, 0] = G.ip[n, 0]
+        G.ip[packed, 1] = G.ip[n, 1]
+        G.ip[packed, 2] = G.ip[n, 2]
+        G.ip[packed, DOT_K] = _d_contracted(Tq, Tk, G.ip[n, 0])
+        G.fp[packed, 0] = G.fp[n, 0]
+    start = 0 if k == 0 else (Tq if k == 1 else Tq + Tk)
+    return axis_node(G, st, SLICE, packed, G.src[n, k], 2, start, n, k)
+
+
+def _vjp_attention(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return _packed_gradient(G, st, n, k, g)
+
+
+defop(ATTENTION, "attention", attention, _run_attention, _vjp_attention, arity=3, cost=COMPUTE, flops=DOT,
+      split=CUSTOM)
+
+
+# ---- backward ------------------------------------------------------------------------------------
+def attention_d(q: Tensor, k: Tensor, v: Tensor, gd: Tensor, causal: bool = False,
+                scale: Optional[float] = None) -> Tensor:
+    """attention's gradients packed along the T axis, (..., Tq + 2 Tk, d) = [dq; dk; dv], from
+    q, k, v and ``gd`` = [dO | D] (..., Tq, d + 1): the output's gradient dO beside
+    D = rowsum(dO * O).  It has no gradient of its own (no second order through attention)."""
+    _check("attention_d", q, k, v)
+    if not isinstance(gd, Tensor) or gd.graph is not q.graph or gd.shape != q.shape[:-1] + (q.shape[-1] + 1,):
+        raise GraphError(f"attention_d: gd {getattr(gd, 'label', gd)!r} must be a tensor of q's graph with shape "
+                         f"{q.shape[:-1] + (q.shape[-1] + 1,)} ([dO | D]), got {getattr(gd, 'shape', None)}")
+    s = _scale(scale, q.shape[-1], "attention_d")
+    tq, tk = q.shape[-2], k.shape[-2]
+    shape = q.shape[:-2] + (tq + 2 * tk, q.shape[-1])
+    return q.graph._node(ATTENTION_D, (q.id, k.id, v.id, gd.id), shape,
+                         ip=_params(causal, int(_d_contracted(tq, tk, int(causal)))), fp=(s,))
+
+
+@njit(cache=True, error_model="numpy")
+def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, ilp64):
+    """Heads [lo, hi): each head's [dq; dk; dv] (see the module docstring)."""
+    St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
+    dPt = np.empty(St.size, out.dtype)
+    dO = np.empty(min(BR, Tq) * d, out.dtype)     # a block's dO rows, times 1 / l when one key block
+    one = in_dtype_of(out, 1.0)
+    w = d + 1                                     # gd's rows: dO, then D
+    for h in range(lo, hi):
+        Qh = Q[h * Tq * d:(h + 1) * Tq * d]
+        Kh = K[h * Tk * d:(h + 1) * Tk * d]
+        Vh = V[h * Tk * d:(h + 1) * Tk * d]
+        Gh = GD[h * Tq * w:(h + 1) * Tq * w]
+        base = h * (Tq + 2 * Tk) * d
+        dq = out[base:base + Tq * d]
+        dk = out[base + Tq * d:base + (Tq + Tk) * d]
+        dv = out[base + (Tq + Tk) * d:base + (Tq + 2 * Tk) * d]
+        region = out[base:base + (Tq + 2 * Tk) * d]
+        for i in range(region.size):
+            region[i] = 0.0
+        for q0 in range(0, Tq, BR):
+            rows = min(BR, Tq - q0)
+            kend = min(Tk, q0 + rows) if causal else Tk
+            _stats(fn, ilp64, St, Qh, Kh, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx)
+            single = kend <= KB
+            for r in range(rows):
+                if single:                   # St holds exp(s - max) = l P: 1 / l goes into dO
+                    inv = one / l[r]
+                else:                        # P = exp(s - lse), recomputed per key block
+                    m[r] = m[r] + vmath.log(l[r])
+                    inv = one
+                g = Gh[(q0 + r) * w:(q0 + r + 1) * w]
+                o = dO[r * d:(r + 1) * d]
+                for j in range(d):
+                    o[j] = g[j] * inv
+                corr[r] = g[d] * inv         # D / l
+            for k0 in range(0, kend, KB):
+                kb = min(KB, kend - k0)
+                if not single:
+                    _scores(fn, ilp64, St, Qh, Kh, q0, rows, k0, kb, d, scale)
+                    _probabilities(St, rows, kb, q0, k0, causal, m)
+                _mm(fn, ilp64, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * d:], d)      # dV += P^T dO
+                _mm(fn, ilp64, 0, 1, kb, rows, d, 1.0, Vh[k0 * d:], d, dO, d, 0.0, dPt, rows)     # dP^T = V dO^T
+                for i in range(kb):                                                           # dS = P (dP - D)
+                    p = St[i * rows:(i + 1) * rows]
+                    x = dPt[i * rows:(i + 1) * rows]
+                    for r in range(rows):
+                        x[r] = p[r] * (x[r] - corr[r])
+                # dQ += scale dS K, dK += scale dS^T Q
+                _mm(fn, ilp64, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * d:], d, 1.0, dq[q0 * d:], d)
+                _mm(fn, ilp64, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * d:], d, 1.0, dk[k0 * d:], d)
+    return OK
+
+
+def _run_attention_d(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    sq = v.shape[v.src[n, 0]]
+    heads = sq[0] * sq[1]
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = heads
+        return OK
+    lo, hi = span(lo, hi, heads)
+    fn, ilp64, setter, before = _blas_begin(v)
+    status = attention_backward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2),
+                                operand(v, n, 3), sq[2], v.shape[v.src[n, 1], 2], sq[3], v.fp[n, 0], v.ip[n, 0],
+                                v.ip[n, 1], v.ip[n, 2], lo, hi, fn, ilp64)
+    if setter != 0:
+        call_int(setter, before)
+    return status
+
+
+defop(ATTENTION_D, "attention_d", attention_d, _run_attention_d, arity=4, cost=COMPUTE, flops=DOT, split=CUSTOM,
+      public=False)
