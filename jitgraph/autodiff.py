@@ -4,7 +4,7 @@ the backward expansion (backward.py), the checkpoint rewrite and its strategies
 from typing import Any, List, Optional, Sequence, Union
 
 from .backward import differentiate
-from .checkpoint import Planner, apply, choose_keep
+from .checkpoint import Planner, apply, choose_plan
 from .errors import GraphError
 from .graph import Graph, Tensor
 from .ir import F_LOSS
@@ -15,7 +15,7 @@ __all__ = ["build_backward", "grad", "pareto"]
 
 def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
                    memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
-                   zero_table: bool = True) -> BackwardGraph:
+                   zero_table: bool = True, slots: Optional[int] = None) -> BackwardGraph:
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -25,10 +25,14 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
       recompute every other forward tensor backward reads, from the nearest kept ones;
     * ``checkpoints="sqrt"``: about sqrt(n) checkpoints at the points where the graph
       narrows, spread evenly by the bytes backward needs;
+    * ``checkpoints="revolve"``: several levels -- Griewank & Walther's binomial
+      schedule over the chain of narrow points: at most ``slots`` states stored at
+      once (default: the fewest that recompute no step more than 3 times), states
+      recomputed from stored ones are themselves stored for later recomputation;
     * ``policy="save_matmuls"``: keep compute-bound results (matmuls, reductions),
       recompute the memory-bound (elementwise) ones;
-    * ``memory_budget=bytes``: the plan with the least recompute whose exact planned
-      peak fits; GraphError naming the smallest peak found when none does;
+    * ``memory_budget=bytes``: the plan (one level or several) with the least
+      recompute whose exact planned peak fits; GraphError naming the smallest peak found when none does;
     * tensors built inside ``jg.checkpoint(fn, ...)`` segments are recomputed.
 
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
@@ -41,9 +45,9 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     first = g.nodes.n
     params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
     end = g.nodes.n
-    keep = choose_keep(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy)
-    if keep is not None:
-        apply(g, fwd, first, end, keep)
+    sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy, slots)
+    if sched is not None:
+        apply(g, fwd, first, end, sched)
     return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
 
 

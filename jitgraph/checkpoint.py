@@ -1,101 +1,41 @@
-"""Gradient checkpointing: the ggml rewrite, in nopython mode, and the plans
-that choose what to keep.
+"""Gradient checkpointing: the plans that choose what the backward pass
+recomputes, and the segment API.
 
-After ``build_backward`` has expanded the ordinary backward graph, every
-reference a backward node makes to a forward node that is not *kept* is
-rewritten to a recomputed copy of that node, built from the nearest kept nodes
-and memoized in a replacements hash map
-(ggml_build_backward_gradient_checkpointing / ggml_recompute_graph_node).
-Each forward node is copied at most once; the recursion is an explicit stack.
-Copies run the very same kernels on the very same inputs, so the gradients are
-bit-identical to the un-checkpointed ones; nobody refers to the originals from
-the backward part any more, so the memory plan frees them during the forward
-pass, and the copies are ordered right before their first consumer.
-
-Every strategy -- an explicit checkpoint list, ``jg.checkpoint`` segments,
-``"sqrt"``, ``policy="save_matmuls"``, ``memory_budget`` -- only decides the
-keep mask handed to this one rewrite.
+After ``build_backward`` has expanded the ordinary backward graph, the rewrite
+(rewrite.py, ggml_build_backward_gradient_checkpointing) points every backward
+reference to a forward tensor the plan does not keep at a recomputed copy.  A
+plan is a ``Schedule``: one level -- a keep mask, each other tensor recomputed
+at most once (an explicit checkpoint list, ``jg.checkpoint`` segments,
+``"sqrt"``, ``policy="save_matmuls"``, the budget DP) -- or several levels
+(``"revolve"``: Griewank & Walther's binomial schedule over the graph's narrow
+points, revolve.py), where recomputed states seed later recomputations.
+``memory_budget`` and ``jg.pareto`` weigh both kinds by the exact planned peak.
 """
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable
 
 import numpy as np
-from numba import njit
 
 from . import registry
-from ._hashtable import ht_get_or, ht_insert, ht_new
+from .budget import budget_dp
 from .cost import analyze_forward, compute_bound, total_flops
-from .emit import copy_node
 from .errors import GraphError
-from .graph import Graph, Tensor
-from .ir import F_CHECKPOINT, F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, F_SEGMENT, MAX_SRC
+from .graph import Tensor
+from .ir import F_CHECKPOINT, F_LEAF, F_SEGMENT
 from .ops.common import graph_of
 from .plan import K_VIEW, backward_orders, best_plan
+from .revolve import FIRST_SWEEP, RECOMPUTED, default_slots, optimal_steps, schedule
+from .rewrite import NEVER, Schedule, one_level, run_rewrite
 from .running import statistics_nodes
 
-
-@njit(cache=True)
-def _recompute(G, st, v0, keep, repl, stack):
-    """The recomputed copy of forward node v0 (memoized in ``repl``)."""
-    r = ht_get_or(repl, v0, -1)
-    if r >= 0:
-        return r
-    src, flags = G.src, G.flags
-    sp = 0
-    stack[0] = v0
-    sp = 1
-    while sp > 0:
-        v = stack[sp - 1]
-        waiting = False
-        for k in range(MAX_SRC):          # copy the sources that need copying first
-            u = src[v, k]
-            if u < 0:
-                break
-            if not keep[u] and ht_get_or(repl, u, -1) < 0:
-                stack[sp] = u
-                sp += 1
-                waiting = True
-                break
-        if waiting:
-            continue
-        sp -= 1
-        if ht_get_or(repl, v, -1) >= 0:   # reached twice through a diamond
-            continue
-        c = copy_node(G, st, v, (flags[v] & (F_GRAD | F_INDEX)) | F_RECOMPUTED, v, -1)
-        for k in range(MAX_SRC):
-            u = src[v, k]
-            if u < 0:
-                break
-            if not keep[u]:
-                src[c, k] = ht_get_or(repl, u, -1)
-        ht_insert(repl, v, c)
-    return ht_get_or(repl, v0, -1)
-
-
-@njit(cache=True)
-def rewrite_backward(G, st, first_backward, end_backward, is_forward, keep, n_forward):
-    """Point the backward nodes [first_backward, end_backward) at recomputed copies
-    of the forward nodes they read that are not kept.  Returns the number of copies.
-    The caller reserves room for ``n_forward`` more nodes (at most one copy each)."""
-    src = G.src
-    repl = ht_new(n_forward)
-    stack = np.empty(n_forward + 1, np.int64)
-    before = st[0]
-    for n in range(first_backward, end_backward):
-        for k in range(MAX_SRC):
-            s = src[n, k]
-            if s < 0:
-                break
-            if is_forward[s] and not keep[s]:
-                src[n, k] = _recompute(G, st, s, keep, repl, stack)
-    return st[0] - before
+MAX_REVOLVE_STEPS = 8        # plans searched by budgets and pareto recompute <= this x steps
 
 
 # ---- what a plan costs ----------------------------------------------------------------------
 
 class Trial:
-    """Rewrite + order + plan of one keep mask on a scratch copy of the node table."""
+    """Rewrite + order + plan of one schedule on a scratch copy of the node table."""
 
-    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place):
+    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place, to_schedule):
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
@@ -104,21 +44,40 @@ class Trial:
         self.in_place = in_place
         self.is_forward = np.zeros(end, np.uint8)
         self.is_forward[fwd_order] = 1
+        self._to_schedule = to_schedule
 
-    def run(self, keep):
-        """(peak arena bytes, recompute flops, copies) of the plan that keeps ``keep``."""
-        nodes = self.graph.nodes
-        scratch = nodes.copy(self.end + self.order.size + 16, rows=self.end)   # room: a copy per forward node
+    def measure(self, plan, flops_above=None):
+        """dict(peak_bytes, recompute_flops, n_recomputed, recompute_steps,
+        max_recomputations) of ``plan`` (a Schedule or a keep mask); None when its
+        recompute flops exceed ``flops_above`` (then it is not planned at all)."""
+        sched = plan if isinstance(plan, Schedule) else self._to_schedule(plan)
+        scratch = self.graph.nodes.copy(self.end + self.order.size + 16, rows=self.end)
+        counts = run_rewrite(scratch, self.first, self.end, self.order, sched)
         G = scratch.arrays()
-        st = np.array([self.end, scratch.capacity], np.int64)
-        copies = rewrite_backward(G, st, self.first, self.end, self.is_forward, keep, self.order.size)
-        n = int(st[0])
+        n = scratch.n
+        if flops_above is not None and total_flops(G, np.arange(self.end, n)) > flops_above:
+            return None
         is_forward = np.zeros(n, np.uint8)
         is_forward[: self.end] = self.is_forward
-        order, plan = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward), self.io_slots,
-                                self.keep_out, self.in_place)
-        flops = total_flops(G, order[order >= self.end])       # the recomputed copies
-        return int(plan[2]) * self.graph.dtype.itemsize, flops, int(copies)
+        order, mem = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward),
+                               self.io_slots, self.keep_out, self.in_place)
+        copies = order[order >= self.end]
+        flops = total_flops(G, copies)
+        return dict(peak_bytes=int(mem[2]) * self.graph.dtype.itemsize, recompute_flops=flops,
+                    n_recomputed=int(copies.size), recompute_steps=int(counts[1]),
+                    max_recomputations=max_recomputations(G, copies))
+
+    def run(self, plan):
+        """(peak arena bytes, recompute flops, copies) of ``plan``."""
+        m = self.measure(plan)
+        return m["peak_bytes"], m["recompute_flops"], m["n_recomputed"]
+
+
+def max_recomputations(G, copies: np.ndarray) -> int:
+    """The most copies of one forward tensor among node ids ``copies``."""
+    if copies.size == 0:
+        return 0
+    return int(np.bincount(G.origin[copies]).max())
 
 
 # ---- choosing what to keep --------------------------------------------------------------------
@@ -149,120 +108,6 @@ def sqrt_checkpoints(order, saved, cut, size):
     return [int(order[t]) for t in picks]
 
 
-@njit(cache=True)
-def budget_dp(cand_size, cand_saved, seg_saved, seg_flops, cand_flops, tail_saved, tail_flops, budget, unit,
-              end_alive):
-    """Which narrow points to keep so that every segment fits ``budget`` with the
-    least recompute flops, under the model
-
-        memory while segment (i, j] is recomputed = (kept points before j, and j itself
-                                                     if ``end_alive``) x unit
-                                                  + bytes backward needs from the segment
-        memory when backward starts                = (all kept points) x unit
-
-    (whether the segment's own end point j is still alive when its recomputed
-    tensors are made depends on the execution order: in creation order it is read
-    by the segment's first backward steps and dies first -- the planner tries both);
-        flops of segment (i, j] = its nodes up to the last one backward needs
-                                  (what only feeds a kept point is never recomputed).
-
-    Regions: region j runs from after point j-1 up to point j (inclusive).
-    dp[c][j] = least flops covering regions 1..j with c points kept, the last j; the
-    best predecessor i lies in a window given by the memory bound, and the flops
-    split at Q[j] (the last region before j that needs recomputing), so two
-    monotone sliding-window minima make it O(points x count).
-    Returns (feasible, kept flags)."""
-    m = cand_size.size
-    PS = np.zeros(m + 1, np.int64)
-    PF = np.zeros(m + 1, np.int64)
-    for j in range(m):
-        PS[j + 1] = PS[j] + seg_saved[j]
-        PF[j + 1] = PF[j] + seg_flops[j]
-    # Q[j]: flops of regions i+1..Q[j] are paid (if Q[j] > i); extra[j]: region j's own part
-    Q = np.zeros(m + 1, np.int64)
-    extra = np.zeros(m + 1, np.int64)
-    last_saved = 0
-    for j in range(1, m + 1):
-        inner = seg_saved[j - 1] - cand_saved[j - 1]      # region j needs, besides its point
-        if inner > 0:
-            Q[j] = j - 1
-            extra[j] = seg_flops[j - 1] - cand_flops[j - 1]
-        else:
-            Q[j] = last_saved
-        if seg_saved[j - 1] > 0:
-            last_saved = j
-    tail_q = m if tail_saved > 0 else last_saved          # for the tail after the last kept point
-    tail_extra = tail_flops if tail_saved > 0 else 0
-    cmax = min(m, budget // max(unit, 1))
-    INF = np.iinfo(np.int64).max // 4
-    prev = np.full(m + 1, INF, np.int64)
-    prev[0] = 0                                # index 0: the start, nothing kept yet
-    back = np.zeros((cmax + 1, m + 1), np.int32)
-    best, best_c, best_j = INF, -1, -1
-    if PS[m] + tail_saved <= budget:           # keep nothing
-        best, best_c, best_j = PF[tail_q] + tail_extra, 0, 0
-    dqa = np.empty(m + 1, np.int64)
-    dqb = np.empty(m + 1, np.int64)
-    for c in range(1, cmax + 1):
-        cur = np.full(m + 1, INF, np.int64)
-        ha = ta = hb = tb = 0
-        ia = 0                                 # next i for window A (i < Q[j], value prev - PF)
-        ib = 0                                 # next i for window B (Q[j] <= i < j, value prev)
-        for j in range(1, m + 1):
-            lo_bytes = PS[j - 1] + seg_saved[j - 1] - cand_saved[j - 1] + (c - 1 + end_alive) * unit - budget
-            q = Q[j]
-            while ia < q:
-                if prev[ia] < INF:
-                    v = prev[ia] - PF[ia]
-                    while ta > ha and prev[dqa[ta - 1]] - PF[dqa[ta - 1]] >= v:
-                        ta -= 1
-                    dqa[ta] = ia
-                    ta += 1
-                ia += 1
-            if ib < q:
-                ib = q
-            while ib < j:
-                if prev[ib] < INF:
-                    while tb > hb and prev[dqb[tb - 1]] >= prev[ib]:
-                        tb -= 1
-                    dqb[tb] = ib
-                    tb += 1
-                ib += 1
-            while ha < ta and PS[dqa[ha]] < lo_bytes:
-                ha += 1
-            while hb < tb and (PS[dqb[hb]] < lo_bytes or dqb[hb] < q):
-                hb += 1
-            val = INF
-            arg = -1
-            if ha < ta:
-                a = dqa[ha]
-                val = prev[a] - PF[a] + PF[q]
-                arg = a
-            if hb < tb and prev[dqb[hb]] < val:
-                val = prev[dqb[hb]]
-                arg = dqb[hb]
-            if arg < 0:
-                continue
-            cur[j] = val + extra[j]
-            back[c, j] = arg
-            # the tail after the last kept point j is recomputed from j: every kept point is alive
-            if c * unit + tail_saved + (PS[m] - PS[j]) <= budget:
-                total = cur[j] + tail_extra + (PF[tail_q] - PF[j] if tail_q > j else 0)
-                if total < best:
-                    best, best_c, best_j = total, c, j
-        prev = cur
-    kept = np.zeros(m, np.uint8)
-    if best_c < 0:
-        return False, kept
-    c = best_c
-    j = best_j
-    while c > 0:
-        kept[j - 1] = 1
-        j = back[c, j]
-        c -= 1
-    return True, kept
-
-
 # ---- the strategies ---------------------------------------------------------------------------
 
 MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow point
@@ -279,10 +124,11 @@ class Planner:
         self._grad_nodes, self._in_place = grad_nodes, in_place
         self._analysis = None
         self._trial = None
+        self._steps = None
 
     @property
     def analysis(self):
-        """(saved, cut, size, flops) -- computed on first use; explicit plans never need it."""
+        """(saved, cut, size, flops) -- computed on first use."""
         if self._analysis is None:
             nodes = self.graph.nodes
             self._analysis = analyze_forward(nodes.arrays(), nodes.n, self.order, self.first, self.end,
@@ -298,7 +144,7 @@ class Planner:
     def trial(self):
         if self._trial is None:
             self._trial = Trial(self.graph, self.order, self.first, self.end, self.loss, self._grad_nodes,
-                                self._in_place)
+                                self._in_place, self.schedule)
         return self._trial
 
     def keep(self, kept_ids=(), recompute_ids=None):
@@ -323,6 +169,93 @@ class Planner:
 
     def sqrt(self):
         return sqrt_checkpoints(self.order, self.saved, self.cut, self.size)
+
+    # -- steps: the chain of narrow points that multi-level plans reverse --
+    @property
+    def states(self):
+        """Positions (in the forward order) of the states between steps: the narrow
+        points backward reads (all narrow points if it reads none), but the last one
+        when backward reads nothing after it.  Step j runs from after state j-1
+        (the start: the leaves) to state j; the last step ends with the loss."""
+        if self._steps is None:
+            cut = self.cut.astype(bool) & (self.size > 0)
+            cut[self.order == self.loss] = False
+            sv = self.saved[self.order].astype(bool) & (self.size > 0)
+            pts = np.flatnonzero(cut & sv)
+            if pts.size == 0:
+                pts = np.flatnonzero(cut)
+            if pts.size and not sv[pts[-1] + 1:].any():
+                pts = pts[:-1]
+            self._steps = pts
+        return self._steps
+
+    def step_of(self, states):
+        """Step number (1 ...) of every node id below the backward part, by position."""
+        steps = np.zeros(self.end, np.int64)
+        steps[self.order] = 1 + np.searchsorted(states, np.arange(self.order.size), side="left")
+        return steps
+
+    def schedule(self, keep):
+        """The one-level Schedule of a keep mask (steps only count recomputations)."""
+        states = self.states
+        return one_level(keep, self.step_of(states), states.size + 1)
+
+    def revolve(self, slots, group=1, fine=False):
+        """The binomial (Revolve) schedule with ``slots`` stored states at once (the
+        leaves hold the start state for free), over steps of ``group`` narrow points.
+        A step's reversal recomputes its tape from the state before it, kept for the
+        whole step; ``fine``: each forward node's rule recomputes what it reads from
+        that state on its own (the tape is never whole: least memory, most recompute)."""
+        fine_states = self.states
+        states = fine_states[group - 1::group] if group > 1 else fine_states
+        n = states.size + 1
+        kind, made = schedule(n, slots + 1)
+        order, nodes = self.order, self.graph.nodes
+        step = self.step_of(states)
+        starts = np.concatenate([[0], states + 1])              # step j runs over positions
+        ends = np.concatenate([states, [order.size - 1]])        # starts[j - 1] .. ends[j - 1]
+        seg = np.zeros(self.end, np.int64)                       # segments: numbered by position
+        seg[order] = np.arange(order.size) if fine else starts[step[order] - 1]
+        orig_lo = np.full(self.end, NEVER, np.int64)
+        if not fine:                                             # the last step's tape: its originals
+            orig_lo[order[step[order] == n]] = starts[n - 1]
+        ids = order[states]                                      # state m is ids[m - 1], m = 1 .. n - 1
+        m = np.arange(1, n)
+        kind, made = kind[1:n], made[1:n]
+        first = kind == FIRST_SWEEP
+        orig_lo[ids[first]] = starts[m[first]]                   # stored by the forward pass: serves
+        if n >= 2:                                               # down to step m + 1
+            orig_lo[ids[-1]] = min(orig_lo[ids[-1]], starts[n - 1])
+        # a state stored by a recomputation serves down to step m + 1 from the step that made it;
+        # any other state is made and kept once for the reversal of step m + 1 (its working state)
+        again = kind == RECOMPUTED
+        by = np.where(again, made, m + 1)
+        make_from = np.full(self.end, -1, np.int64)
+        make_to = np.full(self.end, -1, np.int64)
+        make_lo = np.zeros(self.end, np.int64)
+        make_from[ids], make_to[ids], make_lo[ids] = starts[by - 1], ends[by - 1], starts[m]
+        orig_lo[order[(nodes.flags[order] & F_LEAF) != 0]] = 0
+        orig_lo[self.loss] = 0
+        return Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
+
+    def revolve_options(self, group=1):
+        """(least, most) slots worth planning over steps of ``group``: from the fewest
+        whose schedule recomputes at most MAX_REVOLVE_STEPS x steps to one per step."""
+        n = self.states.size // group + 1
+        least = 0
+        while least < n - 2 and optimal_steps(n, least + 1) > MAX_REVOLVE_STEPS * n:
+            least += 1
+        return least, max(n - 2, least)
+
+    def variants(self):
+        """(group, fine) of the multi-level plans the budget and frontier searches try:
+        steps of 1, 2, 4 ... narrow points (while there are at least 4 steps) and, for
+        the least memory, single steps with fine tapes."""
+        out, g = [], 1
+        while g == 1 or self.states.size // g >= 4:
+            out.append((g, False))
+            g *= 2
+        return out + [(1, True)]
 
     # -- the budget planner --
     def _dp_inputs(self, stride):
@@ -358,12 +291,9 @@ class Planner:
             return None
         return self.keep(kept_ids=self.order[points[kept.astype(bool)]])
 
-    def for_budget(self, budget):
-        """The keep mask with the least recompute whose exact planned peak fits ``budget``."""
-        none_peak, _, _ = self.trial.run(self.keep_all())
-        if none_peak <= budget:
-            return self.keep_all()
-        best = None                           # (flops, keep, peak)
+    def _one_level_for_budget(self, budget):
+        """(measure, keep) of the one-level DP plan with the least recompute that fits, or None."""
+        best = None
         for end_alive in (1, 0):              # the two memory models (see budget_dp)
             # binary search on the model's budget: a larger one keeps more, recomputes less
             lo, hi = 0, int(budget)
@@ -375,46 +305,109 @@ class Planner:
                 if keep is None:
                     lo = mid + 1
                     continue
-                peak, flops, _ = self.trial.run(keep)
-                if peak <= budget:
-                    if best is None or flops < best[0]:
-                        best = (flops, keep, peak)
+                m = self.trial.measure(keep)
+                if m["peak_bytes"] <= budget:
+                    if best is None or m["recompute_flops"] < best[0]["recompute_flops"]:
+                        best = (m, keep)
                     lo = mid + 1
                 else:
                     hi = mid - 1
-        if best is None:
-            # nothing fitted below the budget: survey the whole range of model budgets (the
-            # model can be off either way), take a plan that fits, or name the smallest peak
-            found = [self.trial.run(self.keep(kept_ids=self.sqrt())) + (self.keep(kept_ids=self.sqrt()),)]
-            for b in np.unique(np.geomspace(1, none_peak, 32).astype(np.int64)):
-                for end_alive in (1, 0):
-                    keep = self.dp_keep(int(b), end_alive)
-                    if keep is not None:
-                        found.append(self.trial.run(keep) + (keep,))
-            fits = [f for f in found if f[0] <= budget]
-            if fits:
-                return min(fits, key=lambda f: f[1])[3]
-            floor = min(f[0] for f in found)
-            raise GraphError(f"memory_budget of {budget} bytes cannot be met: the smallest planned peak "
-                             f"found is {floor} bytes (without checkpointing: {none_peak} bytes)")
-        return best[1]
+        return best
+
+    def _revolve_for_budget(self, budget, flops_bound, found):
+        """(measure, schedule) of the multi-level plan with the least recompute that
+        fits and recomputes less than ``flops_bound``, or None.  Per variant, the most
+        slots that fit: the peak grows by about one state per slot, so from the
+        leanest plan's peak a guess, then steps down.  Appends the leanest plans
+        measured to ``found``."""
+        best = None
+        for group, fine in self.variants():
+            least, most = self.revolve_options(group)
+            if flops_bound is not None and self.trial.measure(self.revolve(most, group, fine),
+                                                              flops_above=flops_bound) is None:
+                continue                      # even one recomputation per step costs more
+            lean = self.revolve(least, group, fine)
+            m = self.trial.measure(lean)
+            found.append((m, lean))
+            if m["peak_bytes"] > budget:
+                continue
+            if flops_bound is None or m["recompute_flops"] <= flops_bound:
+                best, flops_bound = (m, lean), m["recompute_flops"]
+            states = self.states[group - 1::group]
+            unit = max(1, int(self.size[states].max()) * self.itemsize) if states.size else 1
+            slots, tries = min(most, least + (budget - m["peak_bytes"]) // unit), 0
+            while slots > least and tries < 8:
+                tries += 1
+                sched = self.revolve(int(slots), group, fine)
+                m = self.trial.measure(sched, flops_above=flops_bound)
+                if m is None:                 # fewer slots only recompute more
+                    break
+                if m["peak_bytes"] <= budget:
+                    best, flops_bound = (m, sched), m["recompute_flops"]
+                    if slots >= most:
+                        break
+                    slots += 1                # the guess may be short: try one more
+                    continue
+                if best is not None and best[1] is not lean and best[0]["recompute_flops"] <= m["recompute_flops"]:
+                    break
+                slots -= max(1, (m["peak_bytes"] - budget) // unit)
+        return best
+
+    def for_budget(self, budget):
+        """The plan (one level or several) with the least recompute whose exact planned
+        peak fits ``budget``."""
+        keep_all = self.keep_all()
+        none_peak = self.trial.measure(keep_all)["peak_bytes"]
+        if none_peak <= budget:
+            return self.schedule(keep_all)
+        one = self._one_level_for_budget(budget)
+        found = []
+        multi = self._revolve_for_budget(budget, None if one is None else one[0]["recompute_flops"], found)
+        best = multi if multi is not None else one
+        if best is not None:
+            return best[1] if isinstance(best[1], Schedule) else self.schedule(best[1])
+        # nothing fitted: survey the whole range of one-level model budgets (the model can be
+        # off either way), with the leanest multi-level plans, take one that fits, or name
+        # the smallest peak
+        found += [(self.trial.measure(p), p) for p in self._survey(none_peak)]
+        fits = [f for f in found if f[0]["peak_bytes"] <= budget]
+        if fits:
+            plan = min(fits, key=lambda f: f[0]["recompute_flops"])[1]
+            return plan if isinstance(plan, Schedule) else self.schedule(plan)
+        floor = min(f[0]["peak_bytes"] for f in found)
+        raise GraphError(f"memory_budget of {budget} bytes cannot be met: the smallest planned peak "
+                         f"found is {floor} bytes (without checkpointing: {none_peak} bytes)")
+
+    def _survey(self, none_peak):
+        plans = [self.keep(kept_ids=self.sqrt())]
+        for b in np.unique(np.geomspace(1, none_peak, 32).astype(np.int64)):
+            for end_alive in (1, 0):
+                keep = self.dp_keep(int(b), end_alive)
+                if keep is not None:
+                    plans.append(keep)
+        return plans
 
     def frontier(self, n_budgets=16):
-        """(peak, recompute flops) of plans over budgets from the smallest to none, Pareto-filtered."""
-        none_peak, _, _ = self.trial.run(self.keep_all())
-        rows = [dict(strategy="none", budget=None, peak_bytes=none_peak, recompute_flops=0, n_recomputed=0)]
-        sq = self.keep(kept_ids=self.sqrt())
-        p, f, c = self.trial.run(sq)
-        rows.append(dict(strategy="sqrt", budget=None, peak_bytes=p, recompute_flops=f, n_recomputed=c))
-        lo = max(1, min(p, none_peak) // 8)
+        """Rows of (peak, recompute flops, ...) of one-level plans over budgets from the
+        smallest to none and of multi-level plans over slot counts, Pareto-filtered."""
+        def row(strategy, plan, **extra):
+            return dict(strategy=strategy, **extra, **self.trial.measure(plan))
+
+        one = dict(budget=None, slots=None, group=None, fine=None)
+        rows = [row("none", self.keep_all(), **one)]
+        none_peak = rows[0]["peak_bytes"]
+        rows.append(row("sqrt", self.keep(kept_ids=self.sqrt()), **one))
+        lo = max(1, min(rows[1]["peak_bytes"], none_peak) // 8)
         for b in np.unique(np.geomspace(lo, none_peak, n_budgets).astype(np.int64)):
             for end_alive in (1, 0):
                 keep = self.dp_keep(int(b), end_alive)
-                if keep is None:
-                    continue
-                p, f, c = self.trial.run(keep)
-                rows.append(dict(strategy="budget", budget=int(b), peak_bytes=p, recompute_flops=f,
-                                 n_recomputed=c))
+                if keep is not None:
+                    rows.append(row("budget", keep, **dict(one, budget=int(b))))
+        for group, fine in self.variants():
+            least, most = self.revolve_options(group)
+            for slots in np.unique(np.geomspace(least + 1, most + 1, 6).astype(np.int64) - 1):
+                rows.append(row("revolve", self.revolve(int(slots), group, fine), budget=None, slots=int(slots),
+                                group=group, fine=fine))
         rows.sort(key=lambda r: (r["peak_bytes"], r["recompute_flops"]))
         front, best_flops = [], None
         for r in rows:
@@ -424,10 +417,12 @@ class Planner:
         return front
 
 
-def choose_keep(planner, checkpoints, memory_budget, policy):
-    """The keep mask for the requested strategy, or None (nothing to recompute)."""
+def choose_plan(planner, checkpoints, memory_budget, policy, slots=None):
+    """The Schedule for the requested strategy, or None (nothing to recompute)."""
     graph, order = planner.graph, planner.order
     nodes = graph.nodes
+    if slots is not None and not (isinstance(checkpoints, str) and checkpoints == "revolve"):
+        raise GraphError("build_backward: slots= goes with checkpoints='revolve'")
     if memory_budget is not None:
         if checkpoints is not None or policy is not None:
             raise GraphError("build_backward: give memory_budget alone; it chooses the checkpoints itself")
@@ -436,12 +431,19 @@ def choose_keep(planner, checkpoints, memory_budget, policy):
         if memory_budget <= 0:
             raise GraphError(f"build_backward: memory_budget must be positive, got {memory_budget}")
         return planner.for_budget(int(memory_budget))
+    if isinstance(checkpoints, str) and checkpoints == "revolve":
+        if policy is not None:
+            raise GraphError("build_backward: checkpoints='revolve' chooses what to keep itself; give no policy")
+        sched = planner.revolve(_slots(planner, slots))
+        states = planner.order[planner.states]
+        nodes.flags[states[(sched.orig_lo[states] > 0) & (sched.orig_lo[states] < NEVER)]] |= F_CHECKPOINT
+        return sched
     kept, recompute = [], None
     if checkpoints is not None:
         if isinstance(checkpoints, str):
             if checkpoints != "sqrt":
                 raise GraphError(f"build_backward: unknown checkpoint strategy {checkpoints!r}; "
-                                 "use 'sqrt', a list of tensors, policy= or memory_budget=")
+                                 "use 'sqrt', 'revolve', a list of tensors, policy= or memory_budget=")
             kept = planner.sqrt()
         else:
             kept = _checkpoint_ids(graph, order, checkpoints, planner.fwd.outputs[0])
@@ -456,12 +458,21 @@ def choose_keep(planner, checkpoints, memory_budget, policy):
         if not seg.any():
             return None
         recompute = order[seg & ((nodes.flags[order] & F_CHECKPOINT) == 0)]
-        return planner.keep(recompute_ids=recompute)
+        return planner.schedule(planner.keep(recompute_ids=recompute))
     for n in kept:
         nodes.flags[n] |= F_CHECKPOINT
     if recompute is not None:
-        return planner.keep(kept_ids=kept, recompute_ids=recompute)
-    return planner.keep(kept_ids=kept)
+        return planner.schedule(planner.keep(kept_ids=kept, recompute_ids=recompute))
+    return planner.schedule(planner.keep(kept_ids=kept))
+
+
+def _slots(planner, slots):
+    n_steps = planner.states.size + 1
+    if slots is None:
+        return default_slots(n_steps) - 1
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 0:
+        raise GraphError(f"build_backward: slots must be a number of stored states (int >= 0), got {slots!r}")
+    return int(slots)
 
 
 def _checkpoint_ids(graph, order, checkpoints, loss):
@@ -483,17 +494,10 @@ def _checkpoint_ids(graph, order, checkpoints, loss):
     return ids
 
 
-def apply(graph, fwd, first, end, keep):
-    """Run the rewrite on the real graph; returns the number of recomputed copies."""
-    nodes = graph.nodes
-    n_fwd = int(fwd.order.size)
-    nodes.reserve(n_fwd + 1)
-    is_forward = np.zeros(end, np.uint8)
-    is_forward[fwd.order] = 1
-    st = np.array([nodes.n, nodes.capacity], np.int64)
-    copies = rewrite_backward(nodes.arrays(), st, first, end, is_forward, keep, n_fwd)
-    nodes.n = int(st[0])
-    return int(copies)
+def apply(graph, fwd, first, end, sched):
+    """Run the rewrite of Schedule ``sched`` on the real graph; returns the number of
+    recomputed steps."""
+    return int(run_rewrite(graph.nodes, first, end, fwd.order, sched)[1])
 
 
 # ---- the segment API ------------------------------------------------------------------------------

@@ -137,6 +137,8 @@ class Program:
             "n_forward": int(self.order.size),
             "n_backward": 0,
             "n_recomputed": 0,
+            "recompute_steps": 0,
+            "max_recomputations": 0,
             "peak_bytes": self.peak_bytes,
             "persistent_bytes": self.persistent_bytes,
             "unplanned_bytes": self.unplanned_bytes,
@@ -444,7 +446,10 @@ class BackwardGraph(Program):
         n_fwd = int(self.forward.order.size)
         st.update(n_forward=n_fwd, n_backward=int(self.order.size) - n_fwd - int(recomputed.size),
                   n_recomputed=int(recomputed.size),
-                  recompute_flops=total_flops(nodes.arrays(), recomputed))
+                  recompute_flops=total_flops(nodes.arrays(), recomputed),
+                  # a copy's rule field numbers the recomputation of one forward step it belongs to
+                  recompute_steps=int(np.unique(nodes.rule[recomputed]).size),
+                  max_recomputations=int(np.bincount(nodes.origin[recomputed]).max()) if recomputed.size else 0)
         return st
 
     def _param_index(self, param, what):

@@ -233,19 +233,27 @@ def plot_memory(programs: Sequence[Any], labels: Optional[Sequence[str]] = None,
 
 
 def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any:
-    """Recompute cost against planned peak for jg.pareto rows.  Returns the Axes."""
+    """Recompute cost against planned peak for jg.pareto rows: one-level plans in
+    blue, multi-level ones (a tensor recomputed more than once) in orange.  Returns
+    the Axes."""
     import matplotlib.pyplot as plt
     unit, scale = _unit(max(r["peak_bytes"] for r in rows), unit)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.5))
     peaks = [r["peak_bytes"] / scale for r in rows]
     gflops = [r["recompute_flops"] / 1e9 for r in rows]
-    ax.plot(peaks, gflops, "o-")
+    ax.plot(peaks, gflops, "-", color="#999999", lw=0.8)
+    multi = [r.get("max_recomputations", 1) > 1 for r in rows]
+    for several, colour, label in ((False, "tab:blue", "one level"), (True, "tab:orange", "several levels")):
+        pts = [(x, y) for x, y, m in zip(peaks, gflops, multi) if m == several]
+        if pts:
+            ax.plot(*zip(*pts), "o", color=colour, label=label)
     for r, x, y in zip(rows, peaks, gflops):
-        if r["strategy"] != "budget":
+        if r["strategy"] not in ("budget", "revolve"):
             ax.annotate(r["strategy"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel(f"planned peak ({unit})")
     ax.set_ylabel("recompute (GFLOP)")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax
 

@@ -28,8 +28,9 @@ DTYPES = ("float32", "float64")
 
 
 def _passes(dtype: str) -> None:
-    """Build, run, differentiate (plain, checkpointed, under a budget) and step a small
-    model: compiles the graph passes, the interpreter and the optimizers."""
+    """Build, run, differentiate (plain, checkpointed on one level and on several, under
+    a budget) and step a small model: compiles the graph passes, the interpreter and
+    the optimizers."""
     rng = np.random.default_rng(0)
     g = Graph(np.dtype(dtype))
     x = g.input((8, 16), name="x")
@@ -49,6 +50,7 @@ def _passes(dtype: str) -> None:
     plain = build_backward(fwd)
     plain.run(feeds)
     build_backward(fwd, checkpoints="sqrt").run(feeds)
+    build_backward(fwd, checkpoints="revolve", slots=1).run(feeds)     # the multi-level schedule
     try:                                   # the budget planner (this small model may not fit it)
         build_backward(fwd, memory_budget=int(0.9 * plain.peak_bytes)).run(feeds)
     except GraphError:

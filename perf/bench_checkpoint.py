@@ -3,14 +3,14 @@
 
 Run from the repository root (or ``jitgraph bench --only checkpoint``):
 
-    python perf/bench_checkpoint.py            # full sizes (1-3 minutes)
+    python perf/bench_checkpoint.py            # full sizes (5-10 minutes)
     python perf/bench_checkpoint.py --quick    # tiny sizes: a smoke test
 
 It takes the harness's options (``--help``) and writes its results like ``jitgraph bench``.
 Networks (float32):
 
   chain N       x (B, D) -> h = relu(h @ W_i), i = 1..N -> loss = mean(h); B = 1024,
-                D = 64; N = 100, 1,000 (--quick: 10, 100).  Weights from
+                D = 64; N = 100, 1,000 (--quick: 10, 100 with B = 64).  Weights from
                 models.chain_weights (activation RMS kept at the input's), so nothing
                 vanishes or explodes.
   blocks L      L transformer-like blocks, B = 8, T = 64, D = 64: pre-norm single-head
@@ -30,6 +30,11 @@ Strategies, each on a freshly built graph of the same network and weights
   budget 25%    memory_budget=int(0.25 * none's peak_bytes); a GraphError is reported
                 under the table instead of figures
 
+and the multi-level plans ([5/6]): on the chains, revolve s=K (checkpoints="revolve",
+slots=K) for K = 2, 6, 12, revolve (default) (slots=None: the fewest that recompute
+no step more than 3 times) and budget 1.5% (memory_budget=int(0.015 * none's peak));
+on the blocks, revolve (default) and budget sqrt/2 (memory_budget = sqrt's peak // 2).
+
 Columns:
 
   peak MiB          bwd.peak_bytes, the planned arena high-water mark (params, inputs and
@@ -41,6 +46,10 @@ Columns:
                     simple model (2mnk per matmul, one per element touched otherwise):
                     the time ratio to expect if run time were proportional to FLOPs
   recomputed        bwd.stats()["n_recomputed"]: forward nodes copied into the backward pass
+  steps (per layer) bwd.stats()["recompute_steps"]: forward steps recomputed (a step runs
+                    from one narrow point backward reads to the next: a chain layer, half
+                    a block), and that over the number of layers / blocks
+  max               bwd.stats()["max_recomputations"]: most copies of one tensor (1: one level)
   recompute GFLOP   bwd.stats()["recompute_flops"], the planner's own estimate (it weighs
                     transcendental ops more); % fwd: the recomputed copies' FLOPs over the
                     forward pass's, both by the simple model
@@ -49,11 +58,15 @@ Columns:
   bit-identical     np.array_equal of the loss and of every param's bwd.grad(W) with none's
 
 After the tables: the Pareto frontier jg.pareto(fwd) of the largest chain, (peak,
-recompute FLOPs) pairs none of which is beaten on both, plotted to checkpoint_pareto.png.
+recompute FLOPs) pairs none of which is beaten on both (one-level and multi-level plans),
+plotted to checkpoint_pareto.png in two colours.
 
-The issue's targets, shown as met / MISSED: for sqrt on the N = 1,000, B = 1,024 chain,
-planned peak <= 0.07 x none and fwd+bwd time <= 1.3 x none; every strategy's loss and
-gradients bit-identical to none's on every network.  No assertion is made on timings.
+The issues' targets, shown as met / MISSED: for sqrt on the N = 1,000, B = 1,024 chain,
+planned peak <= 0.07 x none and fwd+bwd time <= 1.3 x none; a multi-level plan there
+with peak <= 0.015 x none in <= 2.0 x none's time; revolve's recomputed steps equal
+Revolve's optimum t(N, slots + 1) on every chain; memory_budget = half of sqrt's peak
+met on 8 blocks; every strategy's loss and gradients bit-identical to none's on every
+network.  No assertion is made on timings.
 """
 import gc
 import math
@@ -74,16 +87,24 @@ import jitgraph as jg  # noqa: E402
 
 from . import harness  # noqa: E402
 from .models import chain_weights  # noqa: E402
+from jitgraph.revolve import optimal_steps  # noqa: E402
 from .report import fmt_s, md_table  # noqa: E402
 
 MiB = 2 ** 20
 CHAIN_B, CHAIN_D = 1024, 64
+QUICK_B = 64                  # --quick: the chains' batch
 BUILD_REPEATS = 5
 BUDGET_FRACTION = 0.25
 STRATEGIES = ("none", "every layer", "sqrt", "save_matmuls", "budget 25%")
+# multi-level plans: revolve with a few slot counts on the chains, budgets below one level
+CHAIN_EXTRA = ("revolve s=2", "revolve s=6", "revolve s=12", "revolve (default)", "budget 1.5%")
+BLOCK_EXTRA = ("revolve (default)", "budget sqrt/2")
+REVOLVE_FRACTION = 0.015
 TARGET_N = 1_000
 TARGET_PEAK_RATIO = 0.07
 TARGET_TIME_RATIO = 1.3
+TARGET_REVOLVE_TIME = 2.0
+TARGET_BLOCKS = "blocks L=8"
 
 # One freshly built network: feeds for run(), params in creation order (to pair the
 # gradients across strategies), the scalar loss, and the per-layer outputs.
@@ -136,16 +157,25 @@ def blocks_builder(L, dropout=False, B=8, T=64, D=64, seed=0):
     return build
 
 
-def strategy_kwargs(name, model, none_peak):
+def strategy_kwargs(name, model, peaks):
+    """build_backward's arguments for strategy ``name``; ``peaks``: none's and sqrt's planned peaks."""
     if name == "budget 25%":
-        return {"memory_budget": int(BUDGET_FRACTION * none_peak)}
+        return {"memory_budget": int(BUDGET_FRACTION * peaks["none"])}
+    if name == "budget 1.5%":
+        return {"memory_budget": int(REVOLVE_FRACTION * peaks["none"])}
+    if name == "budget sqrt/2":
+        return {"memory_budget": peaks["sqrt"] // 2}
+    if name == "revolve (default)":
+        return {"checkpoints": "revolve"}
+    if name.startswith("revolve s="):
+        return {"checkpoints": "revolve", "slots": int(name[len("revolve s="):])}
     return {"none": {}, "every layer": {"checkpoints": model.outs}, "sqrt": {"checkpoints": "sqrt"},
             "save_matmuls": {"policy": "save_matmuls"}}[name]
 
 
 # ---- one network ------------------------------------------------------------------------------
 
-def build_strategy(build, name, none_peak, build_repeats):
+def build_strategy(build, name, peaks, build_repeats):
     """(model, fwd, bwd, median build_backward seconds), or (None, None, GraphError
     message, None).  Each build is of a fresh graph; the last one is kept to run."""
     times = []
@@ -155,7 +185,7 @@ def build_strategy(build, name, none_peak, build_repeats):
         gc.collect()                      # its garbage is not charged to this build
         model = build()
         fwd = jg.build_forward(model.loss)
-        kwargs = strategy_kwargs(name, model, none_peak)
+        kwargs = strategy_kwargs(name, model, peaks)
         t0 = time.perf_counter()
         try:
             bwd = jg.build_backward(fwd, **kwargs)
@@ -200,15 +230,18 @@ def identical(model, bwd, loss, ref_loss, ref_grads):
            f"{len(bad)}/{len(grads)} grads differ (max |diff| {diff:.2g})"
 
 
-def bench_network(ctx, key, title, build, build_repeats):
+def bench_network(ctx, key, title, build, build_repeats, strategies=STRATEGIES, n_layers=None):
     """Build every strategy's program, check it against none, time them interleaved."""
     ctx.note(f"{key}: builds")
     built = {"none": build_strategy(build, "none", None, build_repeats)}
     model, fwd, bwd, _ = built["none"]
-    none_peak = bwd.peak_bytes
+    peaks = {"none": bwd.peak_bytes}
     fwd_flops = program_flops(fwd)[0]
-    for name in STRATEGIES[1:]:
-        built[name] = build_strategy(build, name, none_peak, build_repeats)
+    n_layers = n_layers or len(model.outs)
+    for name in strategies[1:]:
+        built[name] = build_strategy(build, name, peaks, build_repeats)
+        if name == "sqrt" and built[name][0] is not None:
+            peaks["sqrt"] = built[name][2].peak_bytes
     ok = {k: v for k, v in built.items() if v[0] is not None}
 
     # one run each (also a warm-up) for the bit-identity check against none
@@ -221,7 +254,7 @@ def bench_network(ctx, key, title, build, build_repeats):
 
     none_flops = program_flops(bwd)[0]
     res = {}
-    for name in STRATEGIES:
+    for name in strategies:
         model, _, bwd, t_build = built[name]
         if model is None:
             res[name] = {"error": bwd}
@@ -230,14 +263,17 @@ def bench_network(ctx, key, title, build, build_repeats):
         flops, recomputed = program_flops(bwd)
         ratio = timing["ratios"].get(f"{name}/none")
         res[name] = {
-            "peak_bytes": bwd.peak_bytes, "peak_ratio": bwd.peak_bytes / none_peak,
+            "peak_bytes": bwd.peak_bytes, "peak_ratio": bwd.peak_bytes / peaks["none"],
             "run_s": timing["contenders"][name]["median_s"], "run_ratio": 1.0 if ratio is None else ratio["median"],
             "flops_ratio": flops / none_flops, "n_recomputed": st["n_recomputed"],
             "recompute_flops": st["recompute_flops"], "recompute_frac": recomputed / fwd_flops,
+            "recompute_steps": st["recompute_steps"], "max_recomputations": st["max_recomputations"],
             "build_s": t_build, "same": same[name],
-            "budget": strategy_kwargs(name, model, none_peak).get("memory_budget"),
+            "budget": strategy_kwargs(name, model, peaks).get("memory_budget"),
+            "slots": strategy_kwargs(name, model, peaks).get("slots"),
         }
-    return {"key": key, "title": title, "fwd_flops": fwd_flops, "strategies": res, "timing": timing}
+    return {"key": key, "title": title, "fwd_flops": fwd_flops, "strategies": res, "timing": timing,
+            "n_layers": n_layers, "sqrt_peak": peaks.get("sqrt")}
 
 
 # ---- Pareto frontier ------------------------------------------------------------------------
@@ -267,13 +303,14 @@ def warm_up(rng):
     so no build or run figure includes JIT time.  Returns its wall time."""
     t0 = time.perf_counter()
     xb = rng.standard_normal((8, CHAIN_D)).astype(np.float32)
-    for build in (chain_builder(chain_weights(4, xb.shape[1], xb, rng), xb), blocks_builder(2, dropout=True, B=2, T=4)):
-        none_peak = None
-        for name in STRATEGIES:
-            model, _, bwd, _ = build_strategy(build, name, none_peak, 1)
+    for build, extra in ((chain_builder(chain_weights(4, xb.shape[1], xb, rng), xb), CHAIN_EXTRA),
+                         (blocks_builder(2, dropout=True, B=2, T=4), BLOCK_EXTRA)):
+        peaks = {}
+        for name in STRATEGIES + extra:
+            model, _, bwd, _ = build_strategy(build, name, peaks, 1)
             if model is not None:
                 bwd.run(model.feeds)
-                none_peak = none_peak or bwd.peak_bytes
+                peaks.setdefault("none" if name == "none" else name, bwd.peak_bytes)
     jg.pareto(jg.build_forward(build().loss))
     return time.perf_counter() - t0
 
@@ -290,11 +327,56 @@ def targets(networks):
         else:
             rows.append({"what": f"{what}, chain N={TARGET_N:,}", "wanted": f"<= {limit}",
                          "measured": f"{sqrt[field]:.3f}", "met": sqrt[field] <= limit})
+    rows += revolve_targets(networks)
     checked = [(n["key"], s, r) for n in networks for s, r in n["strategies"].items() if "error" not in r]
     differ = [f"{k} / {s}" for k, s, r in checked if r["same"] != "yes"]
     rows.append({"what": "gradients bit-identical to none", "wanted": "all",
                  "measured": f"{len(checked) - len(differ)} of {len(checked)}", "met": not differ,
                  "differ": differ})
+    return rows
+
+
+def revolve_targets(networks):
+    """[5/6]'s targets: a multi-level plan at <= 1.5% of none's peak on the N = 1,000 chain
+    within 2x the time; revolve's recomputed steps = t(N, s + 1) on every chain; half of
+    sqrt's peak met on the blocks."""
+    rows = []
+    chain = next((n for n in networks if n["key"] == f"chain N={TARGET_N:,}"), None)
+    what = f"multi-level plan with peak <= {REVOLVE_FRACTION} x none, chain N={TARGET_N:,}: fwd+bwd / none"
+    if chain is None:
+        rows.append({"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}", "measured": "not run (--quick)",
+                     "met": None})
+    else:
+        lean = {s: r for s, r in chain["strategies"].items() if s in CHAIN_EXTRA and "error" not in r
+                and r["peak_ratio"] <= REVOLVE_FRACTION}
+        if not lean:
+            rows.append({"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}", "measured": "no plan that lean",
+                         "met": False})
+        else:
+            name, r = min(lean.items(), key=lambda kv: kv[1]["run_ratio"])
+            rows.append({"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}",
+                         "measured": f"{r['run_ratio']:.3f} ({name}: peak {r['peak_ratio']:.4f} x, "
+                                     f"bit-identical: {r['same']})",
+                         "met": r["run_ratio"] <= TARGET_REVOLVE_TIME and r["same"] == "yes"})
+    counts = [(n["key"], s, r) for n in networks if n["key"].startswith("chain")
+              for s, r in n["strategies"].items() if s.startswith("revolve s=") and "error" not in r]
+    wrong = [f"{k} / {s}" for k, s, r in counts
+             if r["recompute_steps"] != optimal_steps(int(k.split("=")[1].replace(",", "")), r["slots"] + 1)]
+    rows.append({"what": "revolve's recomputed steps = t(N, slots + 1), every chain", "wanted": "all",
+                 "measured": f"{len(counts) - len(wrong)} of {len(counts)}", "met": not wrong, "differ": wrong})
+    blocks = next((n for n in networks if n["key"] == TARGET_BLOCKS), None)
+    what = f"memory_budget = sqrt's peak / 2, {TARGET_BLOCKS}"
+    if blocks is None:
+        rows.append({"what": what, "wanted": "a plan that fits", "measured": "not run (--quick)", "met": None})
+    else:
+        r = blocks["strategies"]["budget sqrt/2"]
+        if "error" in r:
+            rows.append({"what": what, "wanted": "a plan that fits", "measured": "GraphError", "met": False})
+        else:
+            rows.append({"what": what, "wanted": "a plan that fits",
+                         "measured": f"peak {r['peak_bytes'] / blocks['sqrt_peak']:.3f} x sqrt's, "
+                                     f"{r['max_recomputations']} recomputations at most",
+                         "met": r["peak_bytes"] <= blocks["sqrt_peak"] // 2})
     return rows
 
 
@@ -308,18 +390,19 @@ def run(ctx):
     warm_s = warm_up(rng)
 
     rng = np.random.default_rng(0)
-    xb = rng.standard_normal((CHAIN_B, CHAIN_D)).astype(np.float32)
+    batch = QUICK_B if ctx.quick else CHAIN_B
+    xb = rng.standard_normal((batch, CHAIN_D)).astype(np.float32)
     weights = chain_weights(max(chain_ns), xb.shape[1], xb, rng)
-    plan = [(f"chain N={n:,}", f"N-layer relu chain, N = {n:,}, B = {CHAIN_B}, D = {CHAIN_D}",
-             chain_builder(weights[:n], xb)) for n in chain_ns]
-    plan += [(f"blocks L={L}", f"{L} transformer-like blocks, B = 8, T = 64, D = 64", blocks_builder(L))
-             for L in block_ls]
+    plan = [(f"chain N={n:,}", f"N-layer relu chain, N = {n:,}, B = {batch}, D = {CHAIN_D}",
+             chain_builder(weights[:n], xb), STRATEGIES + CHAIN_EXTRA) for n in chain_ns]
+    plan += [(f"blocks L={L}", f"{L} transformer-like blocks, B = 8, T = 64, D = 64", blocks_builder(L),
+              STRATEGIES + BLOCK_EXTRA) for L in block_ls]
     plan.append((f"blocks L={block_ls[0]} + dropout",
                  f"{block_ls[0]} transformer-like blocks with dropout(0.1) after softmax",
-                 blocks_builder(block_ls[0], dropout=True)))
+                 blocks_builder(block_ls[0], dropout=True), STRATEGIES + BLOCK_EXTRA))
     networks = []
-    for key, title, build in plan:
-        networks.append(bench_network(ctx, key, title, build, build_repeats))
+    for key, title, build, strategies in plan:
+        networks.append(bench_network(ctx, key, title, build, build_repeats, strategies))
         gc.collect()                      # free this network's programs before the next
 
     n_front = max(chain_ns)
@@ -339,28 +422,34 @@ def md_network(n):
     for name, r in n["strategies"].items():
         label = name if r.get("budget") is None else f"{name} ({r['budget'] / MiB:.2f} MiB)"
         if "error" in r:
-            rows.append([label, "GraphError"] + ["-"] * 9)
+            rows.append([label, "GraphError"] + ["-"] * 11)
             errors.append(f"* {label}: GraphError: {r['error']}")
             continue
-        rows.append([label, f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_ratio']:.3f}", fmt_s(r["run_s"]),
+        rows.append([label, f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_ratio']:.4f}", fmt_s(r["run_s"]),
                      f"{r['run_ratio']:.3f}", f"{r['flops_ratio']:.3f}", f"{r['n_recomputed']:,}",
-                     f"{r['recompute_flops'] / 1e9:.3f}", f"{100 * r['recompute_frac']:.0f}%", fmt_s(r["build_s"]),
-                     r["same"]])
+                     f"{r['recompute_steps']:,} ({r['recompute_steps'] / n['n_layers']:.2f})",
+                     str(r["max_recomputations"]), f"{r['recompute_flops'] / 1e9:.3f}",
+                     f"{100 * r['recompute_frac']:.0f}%", fmt_s(r["build_s"]), r["same"]])
     calls = " / ".join(str(c["calls_per_sample"]) for c in n["timing"]["contenders"].values())
     return [f"### {n['title']}", ""] + md_table(
-        ["strategy", "peak MiB", "x none", "fwd+bwd", "x none", "FLOPs x none", "recomputed", "recompute GFLOP",
-         "% fwd", "build_backward", "bit-identical"], rows) + [
+        ["strategy", "peak MiB", "x none", "fwd+bwd", "x none", "FLOPs x none", "recomputed",
+         "steps (per layer)", "max", "recompute GFLOP", "% fwd", "build_backward", "bit-identical"], rows) + [
         "", f"Forward pass: {n['fwd_flops'] / 1e9:.3f} GFLOP; fwd+bwd calls per timed sample: {calls}."] + errors
 
 
 def md_pareto(p):
     front = p["front"]
     none_peak = next(r["peak_bytes"] for r in front if r["strategy"] == "none")
-    rows = [[r["strategy"], "-" if r["budget"] is None else f"{r['budget'] / MiB:.2f}",
-             f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_bytes'] / none_peak:.3f}",
-             f"{r['recompute_flops'] / 1e9:.3f}", f"{r['n_recomputed']:,}"] for r in front]
+    def plan(r):
+        if r["slots"] is not None:
+            return f"{r['slots']} slots, steps of {r['group']}" + (", fine tapes" if r["fine"] else "")
+        return "-" if r["budget"] is None else f"model budget {r['budget'] / MiB:.2f} MiB"
+
+    rows = [[r["strategy"], plan(r), f"{r['peak_bytes'] / MiB:.2f}", f"{r['peak_bytes'] / none_peak:.4f}",
+             f"{r['recompute_flops'] / 1e9:.3f}", f"{r['n_recomputed']:,}", f"{r['recompute_steps']:,}",
+             str(r["max_recomputations"])] for r in front]
     lines = [f"### {p['network']}: Pareto frontier, jg.pareto(fwd) ({fmt_s(p['seconds'])})", ""] + md_table(
-        ["strategy", "budget MiB", "peak MiB", "x none", "recompute GFLOP", "recomputed"], rows) + [""]
+        ["strategy", "plan", "peak MiB", "x none", "recompute GFLOP", "recomputed", "steps", "max"], rows) + [""]
     for o in p["off_frontier"]:
         f = o["by"]
         lines.append(f"* {o['strategy']} is off the frontier: {f['strategy']} gives {f['peak_bytes'] / MiB:.2f} MiB, "
@@ -386,7 +475,9 @@ def markdown(res):
         "strategy.  FLOPs x none is a model (matmuls 2mnk, other ops one FLOP per element): fwd+bwd x none departs "
         "from it as far as ops run at different FLOP rates or memory traffic changes.  A strategy that recomputes "
         "nothing at none's peak (every layer on the chain) runs none's program: its fwd+bwd x none is the timing "
-        "noise of this run."]
+        "noise of this run.  steps: bwd.stats()['recompute_steps'], forward steps recomputed (a step: from one "
+        "narrow point backward reads to the next -- a chain layer, half a block), and per layer; max: "
+        "bwd.stats()['max_recomputations'], the most copies of one tensor (1: one level)."]
 
 
 def plot(res, plots, key):
@@ -397,18 +488,23 @@ def plot(res, plots, key):
     xs = [r["peak_bytes"] / MiB for r in p["front"]]
     ys = [r["recompute_flops"] / 1e9 for r in p["front"]]
     # frontier rows come lowest peak first: a step shows what each extra MiB buys
-    ax.step(xs, ys, where="post", color="tab:blue", alpha=0.5)
-    ax.plot(xs, ys, "o", color="tab:blue", label="jg.pareto(fwd)")
+    ax.step(xs, ys, where="post", color="tab:gray", alpha=0.5)
+    for multi, colour, label in ((False, "tab:blue", "jg.pareto: one level"),
+                                 (True, "tab:orange", "jg.pareto: several levels")):
+        pts = [(x, y) for x, y, r in zip(xs, ys, p["front"]) if (r["max_recomputations"] > 1) == multi]
+        if pts:
+            ax.plot(*zip(*pts), "o", color=colour, label=label)
     # the strategies as built and run: hollow markers of shrinking size, so coinciding
     # ones (none, every layer, save_matmuls on a chain) stay visible
     for i, (name, r) in enumerate(measured.items()):
         if "error" not in r:
-            ax.plot(r["peak_bytes"] / MiB, r["recompute_flops"] / 1e9, "sD^vP"[i], markersize=14 - 2 * i,
-                    fillstyle="none", label=name)
+            ax.plot(r["peak_bytes"] / MiB, r["recompute_flops"] / 1e9, "sD^vPXh<>p"[i % 10],
+                    markersize=max(4, 14 - i), fillstyle="none", label=name)
+    ax.set_xscale("log")
     ax.set_xlabel("planned peak (MiB)")
     ax.set_ylabel("recompute (GFLOP)")
     ax.set_title(f"{p['network']}: memory vs recompute")
-    ax.legend()
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     plots.save(fig, f"{key}_pareto.png")
 
