@@ -98,16 +98,19 @@ class Worker:
         store = self.bwd.graph.store
         return [store[a:b].copy() for a, b in self.slices]
 
-    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, float, List[np.ndarray]]:
-        """(loss, seconds in bwd.run, gradients) of the rows ``rows`` of the data."""
+    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, Tuple[float, float],
+                                                                                  List[np.ndarray]]:
+        """(loss, (seconds copying the params in, seconds in bwd.run), gradients) of the
+        rows ``rows`` of the data."""
+        t0 = time.perf_counter()
         self.set_params(values)
         g = self.bwd.graph
         feeds = {Tensor(g, i): a[rows] for i, a in self.data.items()}
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         loss = float(self.bwd.run(feeds, seed=salt))
-        seconds = time.perf_counter() - t0
+        t2 = time.perf_counter()
         mem = self.bwd.mem                 # views: Ray copies them into the object store on return
-        return loss, seconds, [mem[o:o + n] for o, n in self.grad_slots]
+        return loss, (t1 - t0, t2 - t1), [mem[o:o + n] for o, n in self.grad_slots]
 
 
 def _int(x, name, low):
@@ -396,9 +399,10 @@ class DataParallel:
         t3 = time.perf_counter()
         self._put_params()
         t4 = time.perf_counter()
-        compute = max(r[1] for r in results)
+        compute = max(r[1][1] for r in results)
         self.step_times.append({"step": t4 - t0, "compute": compute, "optimizer": t3 - t2,
-                                "all_reduce": (t4 - t0) - compute - (t3 - t2), "mean": t2 - t1})
+                                "all_reduce": (t4 - t0) - compute - (t3 - t2), "params_in": max(r[1][0] for r in results),
+                                "mean": t2 - t1, "params_out": t4 - t3})
         loss = 0.0
         for r in results:
             loss += r[0]
@@ -406,9 +410,11 @@ class DataParallel:
 
     def timing(self) -> Dict[str, float]:
         """Medians over the last fit's steps (the first left out: it loads the workers'
-        kernels): seconds per step, of the slowest worker's ``bwd.run``, of the optimizer
-        step, and of the all-reduce (the rest: params out, gradients back, their mean),
-        and the all-reduce's share of a step."""
+        data): seconds per ``step``; of the slowest worker's ``bwd.run`` (``compute``); of
+        the ``optimizer`` step; of the ``all_reduce``, the rest of the step -- of which
+        ``params_out`` puts the params into the object store, ``params_in`` copies them
+        into a worker's graph, ``mean`` averages the gradients (and the remainder moves
+        them and calls the workers) -- and ``all_reduce_share`` of a step."""
         rows = self.step_times[1:] or self.step_times
         if not rows:
             raise GraphError("DataParallel.timing: no fit has run yet")
