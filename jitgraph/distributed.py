@@ -148,7 +148,8 @@ class DataParallel:
         self.step_times: List[Dict[str, float]] = []      # per step of the last fit
         self.workers: List[Any] = []
         g = bwd.graph
-        self._slices = [p._store_slice() for p in opt.params]
+        self._param_ids = list(g.params)                  # all of them: values set on the driver reach the workers
+        self._slices = [g.tensor(p)._store_slice() for p in self._param_ids]
         self._grad_slots = [(int(bwd.off[n]), g.tensor(p).size) for p, n in zip(bwd.params, bwd.grad_nodes) if n >= 0]
         self._params_ref: Any = None
         self._data_ref: Any = None
@@ -195,8 +196,7 @@ class DataParallel:
         here = os.path.dirname(_cache.PACKAGE_DIR)
         env = {"PYTHONPATH": here + os.pathsep + "${PYTHONPATH}"}
         return self._actor.options(num_cpus=self.threads, max_restarts=0, scheduling_strategy="SPREAD",
-                                   runtime_env={"env_vars": env}).remote(self._blob, [p.id for p in self.opt.params],
-                                                                         self.threads)
+                                   runtime_env={"env_vars": env}).remote(self._blob, self._param_ids, self.threads)
 
     def _check_ready(self):
         try:
@@ -429,11 +429,10 @@ class DataParallel:
         return {g.label(p): g.tensor(p).value for p in g.params}
 
     def worker_params(self) -> List[Dict[str, np.ndarray]]:
-        """What each worker holds, as ``params()`` for the optimizer's params: after a fit,
-        the same bits as the driver's."""
+        """What each worker holds, as ``params()``: after a fit, the driver's bits."""
         self._alive("worker_params")
-        labels = [p.label for p in self.opt.params]
-        return [dict(zip(labels, (v.reshape(p.shape) for v, p in zip(vals, self.opt.params))))
+        params = [self.bwd.graph.tensor(p) for p in self._param_ids]
+        return [{p.label: v.reshape(p.shape) for p, v in zip(params, vals)}
                 for vals in ray.get([w.param_values.remote() for w in self.workers])]
 
     def save(self, path: str) -> None:

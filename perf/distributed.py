@@ -88,7 +88,7 @@ def run(ctx):
     if started:
         # worker_niceness 0: Ray runs workers at nice 15 by default, which on a shared machine
         # hands their cores to any other process; the one-process reference runs at 0 too
-        ray.init(num_cpus=sum(WORKERS), include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=sum(WORKERS), include_dashboard=False, log_to_driver=False,
                  _system_config={"worker_niceness": 0})
     dps = {}
     try:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -82,7 +83,7 @@ def ray_pids():
 @pytest.fixture(scope="module")
 def cluster():
     before = ray_pids()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 << 20)
     try:
         yield
     finally:
@@ -98,7 +99,12 @@ def cluster():
 def reference(cluster):
     """An uninterrupted 2-worker SGD run: (losses, params, the replicas' params)."""
     bwd, opt, x, y = model(SHARD)
-    with DataParallel(bwd, opt, num_workers=N) as dp:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dp = DataParallel(bwd, opt, num_workers=N)
+    with dp:
+        # the workers imported this jitgraph (so they share its compile cache)
+        assert not [w for w in caught if "another jitgraph" in str(w.message)]
         losses = fit(dp, x, y)
         assert dp.position is None
         return losses, dp.params(), dp.worker_params()
