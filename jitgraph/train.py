@@ -1,6 +1,6 @@
 """A minimal training loop: minibatches through ``bwd.run``, an optimizer step each,
 and a tqdm progress bar showing the running loss."""
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -11,30 +11,43 @@ from .optim import Optimizer
 from .program import BackwardGraph
 
 
-def batches(data: Dict[Tensor, Any], batch_size: int, shuffle: bool = True,
-            seed: int = 0) -> Iterator[Dict[Tensor, np.ndarray]]:
-    """Feed dicts of ``batch_size`` rows from ``data`` ({input tensor: array}, equal
-    first dims).  The last partial batch is dropped: a graph's shapes are fixed."""
+def data_arrays(data: Dict[Tensor, Any], what: str = "batches") -> Tuple[Dict[Tensor, np.ndarray], int]:
+    """``data`` ({input tensor: array}, equal first dims) checked: (the arrays, their row count)."""
     if not data:
-        raise GraphError("batches: data must map input tensors to arrays")
+        raise GraphError(f"{what}: data must map input tensors to arrays")
     arrays = {}
     n = -1
     for t, a in data.items():
         if not isinstance(t, Tensor):
-            raise GraphError(f"batches: keys must be input tensors, got {type(t).__name__}")
+            raise GraphError(f"{what}: keys must be input tensors, got {type(t).__name__}")
         a = np.asarray(a)
         if a.ndim == 0:
-            raise GraphError(f"batches: the array for {t.label!r} has no rows")
+            raise GraphError(f"{what}: the array for {t.label!r} has no rows")
         if n < 0:
             n = a.shape[0]
         elif a.shape[0] != n:
-            raise GraphError(f"batches: arrays have different numbers of rows ({n} and {a.shape[0]} for {t.label!r})")
+            raise GraphError(f"{what}: arrays have different numbers of rows ({n} and {a.shape[0]} for {t.label!r})")
         arrays[t] = a
-    if not (isinstance(batch_size, int) and 0 < batch_size <= n):
-        raise GraphError(f"batches: batch_size must be an int in [1, {n}], got {batch_size!r}")
-    idx = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-    for start in range(0, n - batch_size + 1, batch_size):
-        rows = idx[start:start + batch_size]
+    return arrays, n
+
+
+def batch_rows(n_rows: int, batch_size: int, shuffle: bool = True, seed: int = 0,
+               what: str = "batches") -> Iterator[np.ndarray]:
+    """The row numbers of each batch ``batches`` yields: ``n_rows // batch_size`` batches
+    of ``batch_size`` rows of one permutation drawn from ``seed`` (or in order)."""
+    if not (isinstance(batch_size, int) and 0 < batch_size <= n_rows):
+        raise GraphError(f"{what}: batch_size must be an int in [1, {n_rows}], got {batch_size!r}")
+    idx = np.random.default_rng(seed).permutation(n_rows) if shuffle else np.arange(n_rows)
+    for start in range(0, n_rows - batch_size + 1, batch_size):
+        yield idx[start:start + batch_size]
+
+
+def batches(data: Dict[Tensor, Any], batch_size: int, shuffle: bool = True,
+            seed: int = 0) -> Iterator[Dict[Tensor, np.ndarray]]:
+    """Feed dicts of ``batch_size`` rows from ``data`` ({input tensor: array}, equal
+    first dims).  The last partial batch is dropped: a graph's shapes are fixed."""
+    arrays, n = data_arrays(data)
+    for rows in batch_rows(n, batch_size, shuffle, seed):
         yield {t: a[rows] for t, a in arrays.items()}
 
 

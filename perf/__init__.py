@@ -1,5 +1,5 @@
 """jitgraph's benchmark harness (harness.py, environment.py, report.py) and its workloads
-(suite.py: a-g and k, with compile_time.py, gpt.py and concurrency.py; bench_*.py:
+(suite.py: a-g, j and k, with compile_time.py, gpt.py, distributed.py and concurrency.py; bench_*.py:
 the named scripts), registered in run.py.
 
 In a checkout this is the folder perf/; the wheel ships it as the subpackage

@@ -1,6 +1,6 @@
 """Run the jitgraph benchmark suite: the same as ``jitgraph bench``.
 
-    python perf/run.py                          # a-g, k: some minutes; results in perf/results/<timestamp>/
+    python perf/run.py                          # a-g, j, k: some minutes; results in perf/results/<timestamp>/
     python perf/run.py --quick --only a,d       # tiny sizes, a smoke test
     python perf/run.py --only forward,backward  # the perf/bench_*.py workloads, by name
     python perf/run.py --only all

@@ -9,6 +9,8 @@
      compile_time.py
   g  char-level GPT, 6 layers, d = 192, T = 128, B = 8, fwd+bwd against PyTorch eager, at
      1 and 2 threads, with jitgraph's per-op profile: gpt.py
+  j  data-parallel training on Ray: the MLP of c at a global batch of 256 on 1, then 2
+     workers (1 thread each): distributed.py
   k  inference from Python threads: one ForwardGraph run by 1, then 2 Python threads at
      once: concurrency.py
 
@@ -24,7 +26,7 @@ import numpy as np
 
 import jitgraph as jg
 
-from . import compile_time, concurrency, gpt
+from . import compile_time, concurrency, distributed, gpt
 from .agreement import agreement, md_agreement
 from .harness import Target, Workload, interleaved, ratio_at, summarize, timed, timed_by_threads
 from .models import build_phases, chain_weights, jg_chain, np_chain, torch_chain
@@ -333,5 +335,6 @@ WORKLOADS = [
     Workload("e", "checkpointing strategies on a deep chain", wl_e, md_e, plot_e),
     compile_time.WORKLOAD,
     gpt.WORKLOAD,
+    distributed.WORKLOAD,
     concurrency.WORKLOAD,
 ]

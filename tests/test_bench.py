@@ -62,7 +62,7 @@ def check_common(report, md, out):
     d = report["results"]["d"]
     assert {"params", "ops", "build_forward", "build_backward", "total"} <= set(d["median_s"])
 
-    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "k"]
+    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "j", "k"]
     assert "## Targets" in md and "(a) tiny-op chain" in md and "## Environment" in md
     assert (out / "a.png").stat().st_size > 0 and (out / "d.png").stat().st_size > 0
 
@@ -94,8 +94,8 @@ def test_suite_registers_every_script():
     """`jitgraph bench --only <name>` reaches each perf/bench_*.py workload; the lettered ones are the default."""
     perf_package()
     run = importlib.import_module("jitgraph._perf.run")
-    assert [w.key for w in run.WORKLOADS] == list("abcdefgk") + list(SCRIPTS)
-    assert run.DEFAULT == list("abcdefgk")
+    assert [w.key for w in run.WORKLOADS] == list("abcdefgjk") + list(SCRIPTS)
+    assert run.DEFAULT == list("abcdefgjk")
 
 
 def test_bench_quick_gpt_and_python_threads(tmp_path):
