@@ -9,6 +9,10 @@
      compile_time.py
   g  char-level GPT, 6 layers, d = 192, T = 128, B = 8, fwd+bwd against PyTorch eager, at
      1 and 2 threads, with jitgraph's per-op profile: gpt.py
+  h  ResNet with batch norm on 32x32 images, fwd+bwd against PyTorch eager at 1 and 2
+     threads, and checkpointing none / sqrt / a budget (peak, time): resnet.py
+  i  char-level GPT with jg.attention and integer targets: fwd+bwd against PyTorch eager,
+     a few hundred training steps plain and checkpointed (bit-identical), a sample: chargpt.py
   j  data-parallel training on Ray: the MLP of c at a global batch of 256 on 1, then 2
      workers (1 thread each): distributed.py
   k  inference from Python threads: one ForwardGraph run by 1, then 2 Python threads at
@@ -26,7 +30,7 @@ import numpy as np
 
 import jitgraph as jg
 
-from . import compile_time, concurrency, distributed, gpt
+from . import chargpt, compile_time, concurrency, distributed, gpt, resnet
 from .agreement import agreement, md_agreement
 from .harness import Target, Workload, interleaved, ratio_at, summarize, timed, timed_by_threads
 from .models import build_phases, chain_weights, jg_chain, np_chain, torch_chain
@@ -335,6 +339,8 @@ WORKLOADS = [
     Workload("e", "checkpointing strategies on a deep chain", wl_e, md_e, plot_e),
     compile_time.WORKLOAD,
     gpt.WORKLOAD,
+    resnet.WORKLOAD,
+    chargpt.WORKLOAD,
     distributed.WORKLOAD,
     concurrency.WORKLOAD,
 ]

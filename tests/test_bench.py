@@ -62,7 +62,7 @@ def check_common(report, md, out):
     d = report["results"]["d"]
     assert {"params", "ops", "build_forward", "build_backward", "total"} <= set(d["median_s"])
 
-    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "j", "k"]
+    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "h", "h", "h", "h", "i", "i", "j", "k"]
     assert "## Targets" in md and "(a) tiny-op chain" in md and "## Environment" in md
     assert (out / "a.png").stat().st_size > 0 and (out / "d.png").stat().st_size > 0
 
@@ -94,8 +94,32 @@ def test_suite_registers_every_script():
     """`jitgraph bench --only <name>` reaches each perf/bench_*.py workload; the lettered ones are the default."""
     perf_package()
     run = importlib.import_module("jitgraph._perf.run")
-    assert [w.key for w in run.WORKLOADS] == list("abcdefgjk") + list(SCRIPTS)
-    assert run.DEFAULT == list("abcdefgjk")
+    assert [w.key for w in run.WORKLOADS] == list("abcdefghijk") + list(SCRIPTS)
+    assert run.DEFAULT == list("abcdefghijk")
+
+
+def test_bench_quick_models(tmp_path):
+    """(h) the ResNet and (i) the char-level GPT: every checkpointing plan bit-identical to
+    none (gradients and batch-norm running statistics), torch agreeing when installed,
+    the GPT's loss falling in training and checkpointed training bit-identical."""
+    code = ("import sys\nfrom jitgraph.cli import main\n"
+            f"sys.exit(main(['bench', '--quick', '--only', 'h,i', '--out', {str(tmp_path)!r}, '--no-progress']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=checkout_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report, md = read_results(tmp_path)
+    torch = importlib.util.find_spec("torch") is not None
+    h, i = report["results"]["h"], report["results"]["i"]
+    built = [s for s in h["strategies"].values() if "error" not in s]
+    assert len(built) >= 2 and all(s["bit_identical"] and s["same_running_stats"] for s in built)
+    assert h["strategies"]["sqrt"]["peak_ratio"] < 1.0
+    t = i["training"]
+    assert t["sqrt_bit_identical"] and t["last_loss"] < t["first_loss"] and len(t["sample"]) == 20
+    for res in (h, i):
+        assert all(("torch" in e["timing"]["contenders"]) == torch for e in res["by_threads"])
+        if torch:
+            assert res["agreement"]["torch"]["ok"]
+    assert "running stats bit-identical" in md and "Sample:" in md
 
 
 def test_bench_quick_gpt_and_python_threads(tmp_path):
