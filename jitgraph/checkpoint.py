@@ -236,6 +236,7 @@ class Planner:
         make_from[ids], make_to[ids], make_lo[ids] = starts[by - 1], ends[by - 1], starts[m]
         orig_lo[order[(nodes.flags[order] & F_LEAF) != 0]] = 0
         orig_lo[self.loss] = 0
+        orig_lo[statistics_nodes(nodes, order)] = 0          # batch statistics: io slots, kept for free
         return Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
 
     def revolve_options(self, group=1):

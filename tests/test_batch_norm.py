@@ -164,6 +164,8 @@ def strategy_program(strategy):
         bwd = jg.build_backward(fwd, checkpoints="sqrt")
     elif strategy == "list":
         bwd = jg.build_backward(fwd, checkpoints=[g.tensor("h1")])
+    elif strategy == "revolve":                     # multi-level: recomputed states seed recomputations
+        bwd = jg.build_backward(fwd, checkpoints="revolve", slots=1)
     else:
         plain_peak = jg.build_backward(jg.build_forward(model()[2])).peak_bytes
         bwd = jg.build_backward(fwd, memory_budget=int(0.8 * plain_peak))
@@ -188,7 +190,7 @@ def train(strategy, k=3):
     return losses, {k_: (rm.value, rv.value) for k_, (rm, rv) in stats.items()}, [p.value for p in params], bwd, inputs
 
 
-@pytest.mark.parametrize("strategy", ["sqrt", "list", "segments", "budget"])
+@pytest.mark.parametrize("strategy", ["sqrt", "list", "segments", "budget", "revolve"])
 def test_running_statistics_after_checkpointed_steps_equal_plain_bit_for_bit(strategy):
     losses, stats, params, _, _ = train("plain")
     got_losses, got_stats, got_params, bwd, inputs = train(strategy)
