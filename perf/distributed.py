@@ -8,7 +8,8 @@ and the same step in this process without Ray for reference.
 
 Both DataParallels live through the whole workload (the Ray instance declares 3 CPUs so
 the idle one keeps its actor; an idle actor uses none) and take turns, the order flipping
-every repeat.  Ray's workers run at nice 15 by default; here at 0, as this process.  A
+every repeat.  Ray's workers run at nice 15 by default; here at 0, as this process, and
+the object store has 1 GiB (reused within a few steps: no page faults).  A
 sample is one fit of ``steps`` global batches; its samples per second count the steps
 after the first (which reloads the workers' data), from ``dp.step_times``.  Both train
 the same batches from the same weights, so their params must agree to float32 rounding:
@@ -61,9 +62,9 @@ def run(ctx):
                     f"float32, SGD, 1 vs 2 workers",
            "what": "samples per second of DataParallel.fit with 1 worker (program batch = the global batch) and 2 "
                    "workers (half each), 1 kernel thread per worker (jg.set_num_threads(1) in the actor), on a "
-                   "local Ray instance (workers at nice 0, not Ray's default 15); median over repeats of (steps "
-                   "after the first) x batch / their seconds; "
-                   "ratio per repeat, then median.  Step split from dp.timing(): compute = the slowest worker's "
+                   "local Ray instance (workers at nice 0, not Ray's default 15; a 1 GiB object store); median "
+                   "over repeats of (steps after the first) x batch / their seconds; ratio per repeat, then "
+                   "median.  Step split from dp.timing(): compute = the slowest worker's "
                    "bwd.run, optimizer = opt.step on the driver, all-reduce = the rest (params into the object "
                    "store, workers copy them in, gradients back, their mean).  'one process': bwd.run + opt.step "
                    "on the global batch in this process, 1 thread, no Ray",
@@ -87,9 +88,12 @@ def run(ctx):
     started = not ray.is_initialized()
     if started:
         # worker_niceness 0: Ray runs workers at nice 15 by default, which on a shared machine
-        # hands their cores to any other process; the one-process reference runs at 0 too
+        # hands their cores to any other process; the one-process reference runs at 0 too.
+        # A 1 GiB object store (Ray's default: 30% of the RAM) is reused within a few steps:
+        # in a bigger one every step's objects land on pages no process has touched yet, and
+        # the page faults cost up to 100 ms per 64 MiB put (measured here)
         ray.init(address="local", num_cpus=sum(WORKERS), include_dashboard=False, log_to_driver=False,
-                 _system_config={"worker_niceness": 0})
+                 object_store_memory=1 << 30, _system_config={"worker_niceness": 0})
     dps = {}
     try:
         for w in WORKERS:
