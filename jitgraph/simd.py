@@ -199,13 +199,15 @@ def dot_tile(MR: int, NK: int, vector: bool):
                     xs = [builder.select(keep, v, zero) for v in xs]
                 return [builder.call(fma, [gs[m], xs[k], accs[m * NK + k]]) for m in range(MR) for k in range(NK)]
 
-            def over_img(n, accs):
+            def over_img(n, accs, one_vector):
                 gi = builder.mul(n, g_img)
                 xi = builder.mul(n, x_img)
 
                 def over_row(r, accs):
                     gr = builder.add(gi, builder.mul(r, g_row))
                     xr = builder.add(xi, builder.mul(r, x_row))
+                    if one_vector:                     # rows of exactly one vector: no inner loop
+                        return step(accs, gr, xr, False)
 
                     def over_vec(v, accs):
                         col = builder.mul(v, I64(lanes))
@@ -214,8 +216,22 @@ def dot_tile(MR: int, NK: int, vector: bool):
                     return _loop(builder, tail, accs,
                                  lambda _, accs: step(accs, builder.add(gr, tail_at), builder.add(xr, tail_at), True))
                 return _loop(builder, n_rows, accs, over_row)
-            accs = _loop(builder, n_img, [zero] * (MR * NK), over_img)
             fn = builder.function
+            narrow, wide, join = (fn.append_basic_block(name) for name in ("dot.narrow", "dot.wide", "dot.join"))
+            builder.cbranch(builder.icmp_signed("==", width, I64(lanes)), narrow, wide)
+            ends = []
+            for block, one_vector in ((narrow, True), (wide, False)):
+                builder.position_at_end(block)
+                got = _loop(builder, n_img, [zero] * (MR * NK), lambda n, accs: over_img(n, accs, one_vector))
+                ends.append((builder.block, got))
+                builder.branch(join)
+            builder.position_at_end(join)
+            accs = []
+            for q in range(MR * NK):
+                phi = builder.phi(vt)
+                for block, got in ends:
+                    phi.add_incoming(got[q], block)
+                accs.append(phi)
             for m in range(MR):
                 for k in range(NK):
                     store = fn.append_basic_block("dot.store")

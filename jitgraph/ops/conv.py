@@ -112,7 +112,7 @@ def col2im(cols: Tensor, size: Pair, kernel_size: Pair, stride: Pair = 1, paddin
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _valid_columns(OW, W, sw, off):
+def valid_columns(OW, W, sw, off):
     """The output columns ow whose input column ow*sw + off lies in [0, W)."""
     lo = 0 if off >= 0 else (sw - 1 - off) // sw
     hi = (W - off + sw - 1) // sw if W - off > 0 else 0
@@ -121,8 +121,20 @@ def _valid_columns(OW, W, sw, off):
 
 @njit(cache=True, error_model="numpy")
 def windows_kernel(cols, x, C, H, W, OH, OW, p, lo, hi, back):
-    """im2col (back = False) or col2im (back = True) of planes [lo, hi) ((image, channel) pairs)."""
+    """im2col (back = False) or col2im (back = True) of planes [lo, hi) ((image, channel) pairs).
+    Loops run over slices indexed from 0, which LLVM vectorizes (no negative-index checks)."""
     kh, kw, sh, sw, ph, pw, dh, dw = p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
+    if not back and kh * kw * sh * sw == 1 and ph >= 0 and pw >= 0 and OW == W + 2 * pw:    # a zero padding
+        for u in range(lo, hi):
+            out = cols[u * OH * OW:(u + 1) * OH * OW]
+            for t in range(OH * OW):
+                out[t] = 0.0
+            for h in range(H):
+                dst = out[(h + ph) * OW + pw:]
+                src = x[(u * H + h) * W:(u * H + h + 1) * W]
+                for t in range(W):
+                    dst[t] = src[t]
+        return OK
     for u in range(lo, hi):
         plane = x[u * H * W:(u + 1) * H * W]
         if back:
@@ -130,32 +142,44 @@ def windows_kernel(cols, x, C, H, W, OH, OW, p, lo, hi, back):
                 plane[t] = 0.0
         for i in range(kh):
             for j in range(kw):
-                rows = cols[((u * kh + i) * kw + j) * OH * OW:((u * kh + i) * kw + j + 1) * OH * OW]
                 off = j * dw - pw
-                c0, c1 = _valid_columns(OW, W, sw, off)
+                c0, c1 = valid_columns(OW, W, sw, off)
                 for oh in range(OH):
                     h = oh * sh - ph + i * dh
-                    row = rows[oh * OW:(oh + 1) * OW]
+                    r = (((u * kh + i) * kw + j) * OH + oh) * OW       # the window row's start
+                    row = cols[r:r + OW]
                     if h < 0 or h >= H:
                         if not back:
-                            for ow in range(OW):
-                                row[ow] = 0.0
+                            for t in range(OW):
+                                row[t] = 0.0
                         continue
-                    src = plane[h * W:(h + 1) * W]
+                    inside = row[c0:c1]
+                    src = plane[h * W + c0 * sw + off:]                # input of output column c0
                     if back:
-                        for ow in range(c0, c1):
-                            src[ow * sw + off] += row[ow]
-                    else:
-                        for ow in range(c0):
-                            row[ow] = 0.0
                         if sw == 1:
-                            for ow in range(c0, c1):
-                                row[ow] = src[ow + off]
+                            for t in range(c1 - c0):
+                                src[t] += inside[t]
+                        elif sw == 2:                                  # a constant stride: vectorized
+                            for t in range(c1 - c0):
+                                src[2 * t] += inside[t]
                         else:
-                            for ow in range(c0, c1):
-                                row[ow] = src[ow * sw + off]
-                        for ow in range(c1, OW):
-                            row[ow] = 0.0
+                            for t in range(c1 - c0):
+                                src[t * sw] += inside[t]
+                        continue
+                    for t in range(c0):
+                        row[t] = 0.0
+                    if sw == 1:
+                        for t in range(c1 - c0):
+                            inside[t] = src[t]
+                    elif sw == 2:
+                        for t in range(c1 - c0):
+                            inside[t] = src[2 * t]
+                    else:
+                        for t in range(c1 - c0):
+                            inside[t] = src[t * sw]
+                    tail = row[c1:]
+                    for t in range(OW - c1):
+                        tail[t] = 0.0
     return OK
 
 

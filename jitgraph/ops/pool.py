@@ -17,6 +17,7 @@ builders keep padding at most half the kernel, so every window holds an input el
 """
 from typing import Sequence, Tuple, Union
 
+import numpy as np
 from numba import njit
 
 from ..emit import grad_node
@@ -26,7 +27,7 @@ from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
 from ..registry import CUSTOM, defop
 from ..status import NO_CONTRIBUTION, OK
 from .common import need_tensor
-from .conv import _pair, out_size
+from .conv import _pair, out_size, valid_columns
 
 __all__ = ["max_pool2d", "avg_pool2d"]
 
@@ -41,15 +42,20 @@ def _window(x: Tensor, kernel_size: Pair, stride: Union[None, Pair], padding: Pa
     x = need_tensor(x, what)
     if x.ndim != 4:
         raise GraphError(f"{what}: input {x.label!r} {x.shape} must be 4-D (N, C, H, W)")
+    return _windows(x.shape, x.label, kernel_size, stride, padding, what)
+
+
+def _windows(shape: tuple, label: str, kernel_size: Pair, stride: Union[None, Pair], padding: Pair,
+             what: str) -> Tuple[tuple, tuple]:
     k = _pair(kernel_size, what, "kernel_size", 1)
     s = k if stride is None else _pair(stride, what, "stride", 1)
     p = _pair(padding, what, "padding", 0)
     if p[0] > k[0] // 2 or p[1] > k[1] // 2:
-        raise GraphError(f"{what}: padding {p} of {x.label!r} must be at most half the kernel {k}")
-    N, C, H, W = x.shape
+        raise GraphError(f"{what}: padding {p} of {label!r} must be at most half the kernel {k}")
+    N, C, H, W = shape
     OH, OW = out_size(H, k[0], s[0], p[0], 1), out_size(W, k[1], s[1], p[1], 1)
     if min(OH, OW) < 1:
-        raise GraphError(f"{what}: the kernel {k} is larger than the padded input {x.label!r} {x.shape} "
+        raise GraphError(f"{what}: the kernel {k} is larger than the padded input {label!r} {shape} "
                          f"(padding {p})")
     return k + s + p, (N, C, OH, OW)
 
@@ -68,30 +74,51 @@ def avg_pool2d(x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None, p
     return x.graph._node(AVG_POOL2D, (x.id,), shape, ip=ip)
 
 
-def _gradient(code, what, g, x, kernel_size, stride, padding, srcs):
-    ip, shape = _window(x, kernel_size, stride, padding, what)
-    g = need_tensor(g, what)
-    if g.shape != shape:
-        raise GraphError(f"{what}: gradient {g.label!r} {g.shape} must have the pooled shape {shape} of {x.label!r}")
-    return g.graph._node(code, srcs, x.shape, ip=ip)
-
-
 def max_pool2d_d(g: Tensor, x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None,
                  padding: Pair = 0) -> Tensor:
     """max_pool2d's gradient: g added at each window's first maximum of x."""
-    return _gradient(MAX_POOL2D_D, "max_pool2d_d", g, x, kernel_size, stride, padding, (g.id, x.id))
+    ip, shape = _window(x, kernel_size, stride, padding, "max_pool2d_d")
+    g = need_tensor(g, "max_pool2d_d")
+    if g.shape != shape:
+        raise GraphError(f"max_pool2d_d: gradient {g.label!r} {g.shape} must have the pooled shape {shape} of "
+                         f"{x.label!r}")
+    return g.graph._node(MAX_POOL2D_D, (g.id, x.id), x.shape, ip=ip)
 
 
-def avg_pool2d_d(g: Tensor, x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None,
+def avg_pool2d_d(g: Tensor, size: Pair, kernel_size: Pair, stride: Union[None, Pair] = None,
                  padding: Pair = 0) -> Tensor:
-    """avg_pool2d's gradient: g / (kh*kw) added over each window (x gives the input's shape)."""
-    return _gradient(AVG_POOL2D_D, "avg_pool2d_d", g, x, kernel_size, stride, padding, (g.id,))
+    """avg_pool2d's gradient: g / (kh*kw) added over each window of an input of ``size`` (H, W)."""
+    g = need_tensor(g, "avg_pool2d_d")
+    shape = g.shape[:2] + _pair(size, "avg_pool2d_d", "size", 1) if g.ndim == 4 else g.shape
+    ip, pooled = _windows(shape, g.label, kernel_size, stride, padding, "avg_pool2d_d")
+    if g.shape != pooled:
+        raise GraphError(f"avg_pool2d_d: gradient {g.label!r} {g.shape} must have the pooled shape {pooled} of "
+                         f"a {shape} input")
+    return g.graph._node(AVG_POOL2D_D, (g.id,), shape, ip=ip)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _first_max(key, h0, w0, i0, i1, j0, j1, W):
+    """The flat position of the first maximal key (row-major) of a window; a NaN wins."""
+    at = (h0 + i0) * W + w0 + j0
+    best = key[at]
+    for i in range(i0, i1):
+        r = (h0 + i) * W + w0
+        for j in range(j0, j1):
+            k = key[r + j]
+            if (k > best) | ((k != k) & (best == best)):
+                best = k
+                at = r + j
+    return at
 
 
 @njit(cache=True, error_model="numpy")
-def pool_kernel(mode, out, a, keys, H, W, OH, OW, p, lo, hi):
-    """Planes [lo, hi) of a pooling (a: values) or of its gradient (a: the output's gradient,
-    out: the input's), by ``mode``."""
+def pool_kernel(mode, out, a, keys, same, H, W, OH, OW, p, lo, hi):
+    """Planes [lo, hi) of a pooling (a: values; ``same`` when they are the keys) or of its
+    gradient (a: the output's gradient, out: the input's), by ``mode``.  A pooling of values
+    by their own keys and the average run a row of windows at a time, tap by tap, over
+    slices indexed from 0 (vectorized); the max of a tap keeps the first maximum of equal
+    ones, as the window-by-window search."""
     kh, kw, sh, sw, ph, pw = p[0], p[1], p[2], p[3], p[4], p[5]
     inv = 1.0 / (kh * kw)
     back = mode == MAX_D or mode == AVG_D
@@ -105,34 +132,40 @@ def pool_kernel(mode, out, a, keys, H, W, OH, OW, p, lo, hi):
         for oh in range(OH):
             h0 = oh * sh - ph
             i0, i1 = max(0, -h0), min(kh, H - h0)
-            for ow in range(OW):
-                w0 = ow * sw - pw
-                j0, j1 = max(0, -w0), min(kw, W - w0)
-                o = oh * OW + ow
-                if mode == AVG:
-                    acc = 0.0
-                    for i in range(i0, i1):
-                        for j in range(j0, j1):
-                            acc += src[(h0 + i) * W + w0 + j]
-                    img[o] = acc * inv
-                elif mode == AVG_D:
-                    share = src[o] * inv
-                    for i in range(i0, i1):
-                        for j in range(j0, j1):
-                            img[(h0 + i) * W + w0 + j] += share
-                else:
-                    at = (h0 + i0) * W + w0 + j0
-                    best = key[at]
-                    for i in range(i0, i1):
-                        for j in range(j0, j1):
-                            k = key[(h0 + i) * W + w0 + j]
-                            if k > best or (k != k and best == best):
-                                best = k
-                                at = (h0 + i) * W + w0 + j
+            if mode == MAX_D or (mode == MAX and not same):
+                for ow in range(OW):
+                    w0 = ow * sw - pw
+                    at = _first_max(key, h0, w0, i0, i1, max(0, -w0), min(kw, W - w0), W)
                     if mode == MAX:
-                        img[o] = src[at]
+                        img[oh * OW + ow] = src[at]
                     else:
-                        img[at] += src[o]
+                        img[at] += src[oh * OW + ow]
+                continue
+            orow = img[oh * OW:(oh + 1) * OW] if not back else src[oh * OW:(oh + 1) * OW]
+            if mode != AVG_D:
+                fill = -np.inf if mode == MAX else 0.0
+                for t in range(OW):
+                    orow[t] = fill
+            for i in range(i0, i1):
+                xrow = (img if back else src)[(h0 + i) * W:(h0 + i + 1) * W]
+                for j in range(kw):
+                    c0, c1 = valid_columns(OW, W, sw, j - pw)
+                    at = xrow[c0 * sw + j - pw:]
+                    part = orow[c0:c1]
+                    if mode == MAX:
+                        for t in range(c1 - c0):
+                            k = at[t * sw]
+                            b = part[t]
+                            part[t] = k if (k > b) | ((k != k) & (b == b)) else b
+                    elif mode == AVG:
+                        for t in range(c1 - c0):
+                            part[t] += at[t * sw]
+                    else:
+                        for t in range(c1 - c0):
+                            at[t * sw] += part[t] * inv
+            if mode == AVG:
+                for t in range(OW):
+                    orow[t] *= inv
     return OK
 
 
@@ -147,7 +180,8 @@ def _pool(v, n, lo, hi, mode):
     lo, hi = span(lo, hi, s[0] * s[1])
     a = operand(v, n, 0)
     keys = operand(v, n, 1) if mode == MAX or mode == MAX_D else a
-    return pool_kernel(mode, output(v, n), a, keys, s[2], s[3], so[2], so[3], v.ip[n], lo, hi)
+    same = mode == AVG or mode == AVG_D or v.src[n, 0] == v.src[n, 1]
+    return pool_kernel(mode, output(v, n), a, keys, same, s[2], s[3], so[2], so[3], v.ip[n], lo, hi)
 
 
 def _run_max_pool2d(n, lo, hi, ctx, mem, store):
