@@ -199,15 +199,17 @@ def dot_tile(MR: int, NK: int, vector: bool):
                     xs = [builder.select(keep, v, zero) for v in xs]
                 return [builder.call(fma, [gs[m], xs[k], accs[m * NK + k]]) for m in range(MR) for k in range(NK)]
 
-            def over_img(n, accs, one_vector):
+            def over_img(n, accs, vectors):
                 gi = builder.mul(n, g_img)
                 xi = builder.mul(n, x_img)
 
                 def over_row(r, accs):
                     gr = builder.add(gi, builder.mul(r, g_row))
                     xr = builder.add(xi, builder.mul(r, x_row))
-                    if one_vector:                     # rows of exactly one vector: no inner loop
-                        return step(accs, gr, xr, False)
+                    if vectors:                        # rows of exactly 1 or 2 vectors: no inner loop
+                        for v in range(vectors):
+                            accs = step(accs, builder.add(gr, I64(v * lanes)), builder.add(xr, I64(v * lanes)), False)
+                        return accs
 
                     def over_vec(v, accs):
                         col = builder.mul(v, I64(lanes))
@@ -217,12 +219,16 @@ def dot_tile(MR: int, NK: int, vector: bool):
                                  lambda _, accs: step(accs, builder.add(gr, tail_at), builder.add(xr, tail_at), True))
                 return _loop(builder, n_rows, accs, over_row)
             fn = builder.function
-            narrow, wide, join = (fn.append_basic_block(name) for name in ("dot.narrow", "dot.wide", "dot.join"))
-            builder.cbranch(builder.icmp_signed("==", width, I64(lanes)), narrow, wide)
+            one, two, wide, join = (fn.append_basic_block(name) for name in ("dot.one", "dot.two", "dot.wide",
+                                                                              "dot.join"))
+            second = fn.append_basic_block("dot.test")
+            builder.cbranch(builder.icmp_signed("==", width, I64(lanes)), one, second)
+            builder.position_at_end(second)
+            builder.cbranch(builder.icmp_signed("==", width, I64(2 * lanes)), two, wide)
             ends = []
-            for block, one_vector in ((narrow, True), (wide, False)):
+            for block, vectors in ((one, 1), (two, 2), (wide, 0)):
                 builder.position_at_end(block)
-                got = _loop(builder, n_img, [zero] * (MR * NK), lambda n, accs: over_img(n, accs, one_vector))
+                got = _loop(builder, n_img, [zero] * (MR * NK), lambda n, accs: over_img(n, accs, vectors))
                 ends.append((builder.block, got))
                 builder.branch(join)
             builder.position_at_end(join)

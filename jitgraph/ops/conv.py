@@ -55,7 +55,7 @@ FWD, FLIP = 0, 1          # conv2d / conv2d_weight ip[3]: the weights as stored,
 #            6 = 1 when source 2 is source 0's im2col windows, DOT_K the contracted length
 # conv2d_weight ip: 0 dh, 1 dw, 2 groups, 3 mode, DOT_K
 # im2col / col2im ip: kh, kw, sh, sw, ph, pw, dh, dw
-CHUNK_BYTES = 1 << 19     # a weight gradient's images are taken in chunks of about this much input
+CHUNK_BYTES = 1 << 21     # a weight gradient's images are taken in chunks of about this much input
 
 Pair = Union[int, Sequence[int]]
 
