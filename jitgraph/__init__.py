@@ -8,7 +8,7 @@ from .errors import GraphError
 from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor
 from .io import load, save
-from .ops import (binary as _binary, compare as _compare, conv as _conv, elementary as _elementary, gather as _gather, linear as _linear, norm as _norm, reduce as _reduce,
+from .ops import (binary as _binary, compare as _compare, conv as _conv, elementary as _elementary, gather as _gather, linear as _linear, norm as _norm, pool as _pool, reduce as _reduce,
                   shape as _shape, softmaxes as _softmaxes, stochastic as _stochastic, unary as _unary)
 from .ops.attention import __all__ as _attention_all
 from .ops.attention import *   # noqa: F401,F403
@@ -19,6 +19,7 @@ from .ops.elementary import *  # noqa: F401,F403
 from .ops.gather import *      # noqa: F401,F403
 from .ops.linear import *      # noqa: F401,F403
 from .ops.norm import *        # noqa: F401,F403
+from .ops.pool import *        # noqa: F401,F403
 from .ops.reduce import *      # noqa: F401,F403
 from .ops.shape import *       # noqa: F401,F403
 from .ops.softmaxes import *   # noqa: F401,F403
@@ -46,6 +47,7 @@ __all__ += _elementary.__all__
 __all__ += _gather.__all__
 __all__ += _linear.__all__
 __all__ += _norm.__all__
+__all__ += _pool.__all__
 __all__ += _reduce.__all__
 __all__ += _shape.__all__
 __all__ += _softmaxes.__all__

@@ -24,7 +24,7 @@ BY_FAMILY = {}
 for _name, _case in REF.items():
     BY_FAMILY.setdefault(_case.fuzz, []).append(_name)
 FAMILY_DRAWS = tuple(f for f in ("unary", "unary", "binary", "binary", "select", "reduce", "rowwise", "rowpair",
-                                  "shape", "shape", "matmul", "gather", "loss", "channels", "attention") if f in BY_FAMILY)
+                                  "shape", "shape", "matmul", "gather", "loss", "channels", "attention", "window") if f in BY_FAMILY)
 EMBED_ROWS = 5
 
 
@@ -138,6 +138,12 @@ def _draw_instruction(draw, family, op, vals):
             return op, (("v", i, "any"), keys, ("p", (tk, a[1]))), {"causal": causal}
         gd = np.linspace(-1.0, 1.0, a[0] * (a[1] + 1)).reshape(a[0], a[1] + 1)    # attention_d: [dO | D]
         return op, (("v", i, "bounded"), keys, ("p", (tk, a[1])), ("c", gd)), {"causal": causal}
+    if family == "window":                               # the value as one (1, 1, H, W) image, weights as params
+        kw = case.fuzz_kw(a)
+        if kw is None:
+            return None
+        kw = dict(kw)
+        return op, (("v", i, "any", "image"),) + tuple(("p", s) for s in kw.pop("params", ())), kw
     raise ValueError(f"unknown fuzz family {family!r}")
 
 
@@ -181,8 +187,8 @@ def loss_weights(prog_out_shapes, seed):
 # ---- jitgraph ---------------------------------------------------------------------------
 def _jg_domain(t, item):
     domain = item[2]
-    if len(item) > 3:                                 # "batch": a leading axis of 1
-        t = jg.reshape(t, (1,) + t.shape)
+    if len(item) > 3:                                 # "batch": a leading axis of 1; "image": two
+        t = jg.reshape(t, (1,) * (2 if item[3] == "image" else 1) + t.shape)
     if domain == "positive":
         return t * t + 1.0
     if domain == "bounded":
@@ -197,6 +203,8 @@ def _to2d_jg(t):
         return jg.reshape(t, (1, t.shape[0]))
     if t.ndim == 3:
         return jg.sum(t, axis=0)
+    if t.ndim == 4:                                   # images: their rows stacked
+        return jg.reshape(t, (t.size // t.shape[-1], t.shape[-1]))
     return t
 
 
@@ -256,7 +264,7 @@ def instance(program, seed=0, dtype=np.float64):
 def _np_domain(x, item):
     domain = item[2]
     if len(item) > 3:
-        x = x[None]
+        x = x.reshape((1,) * (2 if item[3] == "image" else 1) + x.shape)
     if domain == "positive":
         return x * x + 1.0
     if domain == "bounded":
@@ -272,6 +280,8 @@ def _to2d_np(x):
         return x.reshape(1, -1)
     if x.ndim == 3:
         return x.sum(0)
+    if x.ndim == 4:
+        return x.reshape(-1, x.shape[-1])
     return x
 
 

@@ -22,7 +22,7 @@ class Case:
     ref: Callable                       # numpy reference: ref(*arrays, **kw)
     args: Callable                      # rng -> list of arguments (float arrays become tensors)
     fuzz: str                           # graphgen family: unary binary reduce rowwise shape matmul gather loss select
-                                        # channels
+                                        # channels window
     kw: dict = field(default_factory=dict)   # keyword arguments for examples and fuzzing
     grad: bool = True                   # has a gradient to check (False: no rule, or piecewise constant)
     call: Optional[Callable] = None     # call(builder, *tensors, **kw) when not builder(*tensors, **kw)
@@ -167,6 +167,8 @@ def batch_norm_dx_ref(g, x, q, w, eps):
 def bn_statistics(c):
     """A (2, c) mean and positive variance."""
     return lambda rng: np.stack([rng.uniform(-1, 1, c), rng.uniform(0.5, 2, c)])
+
+
 def _probs(q, k, causal, scale):
     """Attention probabilities (..., Tq, Tk): softmax of the scaled scores, keys j > i masked."""
     s = (q @ np.swapaxes(k, -1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
@@ -191,6 +193,118 @@ def attention_d_args(rng, causal=True):
     q, k, v, g = u(2, 2, 5, 4)(rng), u(2, 2, 6, 4)(rng), u(2, 2, 6, 4)(rng), u(2, 2, 5, 4)(rng)
     D = (g * attention_ref(q, k, v, causal)).sum(-1, keepdims=True)
     return [q, k, v, np.concatenate([g, D], axis=-1)]
+
+
+# ---- convolutions and pooling (NCHW), by direct loops -----------------------------------------------
+def _two(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _taps(shape, kernel_size, stride, padding, dilation):
+    """(i, j, oh, ow, h, w) of every window tap inside an input of shape (H, W); and (OH, OW)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = map(_two, (kernel_size, stride, padding, dilation))
+    OH, OW = _out(shape[0], kh, sh, ph, dh), _out(shape[1], kw, sw, pw, dw)
+    taps = [(i, j, oh, ow, oh * sh - ph + i * dh, ow * sw - pw + j * dw) for i in range(kh) for j in range(kw)
+            for oh in range(OH) for ow in range(OW)]
+    return [t for t in taps if 0 <= t[4] < shape[0] and 0 <= t[5] < shape[1]], (OH, OW)
+
+
+def im2col_ref(x, kernel_size, stride=1, padding=0, dilation=1):
+    (kh, kw) = _two(kernel_size)
+    taps, (OH, OW) = _taps(x.shape[2:], kernel_size, stride, padding, dilation)
+    out = np.zeros(x.shape[:2] + (kh, kw, OH, OW))
+    for i, j, oh, ow, h, w in taps:
+        out[:, :, i, j, oh, ow] = x[:, :, h, w]
+    return out.reshape(x.shape[0], -1, OH, OW)
+
+
+def col2im_ref(cols, size, kernel_size, stride=1, padding=0, dilation=1):
+    (kh, kw) = _two(kernel_size)
+    taps, _ = _taps(_two(size), kernel_size, stride, padding, dilation)
+    c = cols.reshape(cols.shape[0], -1, kh, kw, cols.shape[2], cols.shape[3])
+    out = np.zeros(c.shape[:2] + _two(size))
+    for i, j, oh, ow, h, w in taps:
+        out[:, :, h, w] += c[:, :, i, j, oh, ow]
+    return out
+
+
+def conv2d_ref(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """PyTorch's cross-correlation: the windows of each group times its weights."""
+    cols = im2col_ref(x, w.shape[2:], stride, padding, dilation)
+    N, _, OH, OW = cols.shape
+    wg = w.reshape(groups, w.shape[0] // groups, -1)
+    cg = cols.reshape(N, groups, wg.shape[2], OH * OW)
+    return np.einsum("gok,ngkp->ngop", wg, cg).reshape(N, w.shape[0], OH, OW)
+
+
+def conv2d_weight_ref(g, xp, kernel_size, dilation=1, groups=1, flip=False):
+    """sum over images and positions of g[n, o, p] xp[n, c, p + tap]; ``flip``: the weight
+    gradient of the flipped-kernel convolution (out[co, c, kh-1-i, kw-1-j], rows from xp)."""
+    (kh, kw), (dh, dw) = _two(kernel_size), _two(dilation)
+    OH, OW = g.shape[2:]
+    Gc, Xc = g.shape[1] // groups, xp.shape[1] // groups
+    out = np.zeros((xp.shape[1], Gc, kh, kw) if flip else (g.shape[1], Xc, kh, kw))
+    for o in range(g.shape[1]):
+        grp = o // Gc
+        for c in range(Xc):
+            for i in range(kh):
+                for j in range(kw):
+                    s = np.sum(g[:, o] * xp[:, grp * Xc + c, i * dh:i * dh + OH, j * dw:j * dw + OW])
+                    if flip:
+                        out[grp * Xc + c, o % Gc, kh - 1 - i, kw - 1 - j] = s
+                    else:
+                        out[o, c, i, j] = s
+    return out
+
+
+def _pool_windows(x, kernel_size, stride, padding):
+    k = _two(kernel_size)
+    taps, (OH, OW) = _taps(x.shape[2:], k, k if stride is None else stride, padding, 1)
+    windows = {}
+    for i, j, oh, ow, h, w in taps:
+        windows.setdefault((oh, ow), []).append((i, j, h, w))
+    return windows, (OH, OW), k[0] * k[1]
+
+
+def pool_ref(x, kernel_size, stride=None, padding=0, how="max"):
+    windows, shape, size = _pool_windows(x, kernel_size, stride, padding)
+    out = np.zeros(x.shape[:2] + shape)
+    for (oh, ow), taps in windows.items():
+        vals = np.stack([x[:, :, h, w] for _, _, h, w in sorted(taps)], -1)
+        out[:, :, oh, ow] = vals.max(-1) if how == "max" else vals.sum(-1) / size
+    return out
+
+
+def pool_d_ref(x, g, kernel_size, stride=None, padding=0, how="max"):
+    """The gradient of a pooling of x for output gradient g: to each window's first maximum
+    (row-major), or g / (kh*kw) to every tap."""
+    windows, _, size = _pool_windows(x, kernel_size, stride, padding)
+    out = np.zeros(x.shape)
+    for (oh, ow), taps in windows.items():
+        taps = sorted(taps)
+        for n in range(x.shape[0]):
+            for c in range(x.shape[1]):
+                if how == "max":
+                    best = int(np.argmax([x[n, c, h, w] for _, _, h, w in taps]))
+                    out[n, c, taps[best][2], taps[best][3]] += g[n, c, oh, ow]
+                else:
+                    for _, _, h, w in taps:
+                        out[n, c, h, w] += g[n, c, oh, ow] / size
+    return out
+
+
+def _window_kw(s, **kw):
+    """A small kernel for a 2-D fuzz value seen as one (1, 1, H, W) image, plus ``kw``."""
+    return dict(kernel_size=(min(2, s[0]), min(2, s[1])), **kw)
+
+
+def _valid(s):
+    """The output shape of a stride-1 unpadded _window_kw kernel on an (H, W) image."""
+    return s[0] - min(2, s[0]) + 1, s[1] - min(2, s[1]) + 1
 
 
 PHI = 1 / math.sqrt(2 * math.pi)
@@ -307,12 +421,38 @@ REF = {
                             "channels", dict(eps=1e-5), grad=False),
     "batch_norm_dx": Case(batch_norm_dx_ref, lambda r: [u(5, 3, 4)(r), u(5, 3, 4)(r), np.concatenate(
         [bn_statistics(3)(r), u(2, 3)(r)]), u(3)(r)], "channels", dict(eps=1e-5), grad=False),
+    # convolutions and pooling (NCHW): a fuzz value is one (1, 1, H, W) image, the weights params
+    "conv2d": Case(conv2d_ref, lambda r: [u(2, 4, 5, 6)(r), u(6, 2, 3, 2)(r)], "window", dict(padding=1, groups=2),
+                   fuzz_kw=lambda s: dict(padding=1, params=[(2, 1, min(2, s[0]), min(2, s[1]))])),
+    "conv2d_weight": Case(lambda xp, g, **kw: conv2d_weight_ref(g, xp, **kw),
+                          lambda r: [u(2, 4, 6, 5)(r), u(2, 8, 4, 4)(r)], "window", dict(kernel_size=(3, 2), groups=2),
+                          call=lambda f, xp, g, **kw: f(g, xp, **kw),
+                          fuzz_kw=lambda s: _window_kw(s, params=[(1, 2) + _valid(s)])),
+    "im2col": Case(im2col_ref, one(u(2, 3, 6, 5)), "window",
+                   dict(kernel_size=(3, 2), stride=(2, 1), padding=1, dilation=(1, 2)),
+                   fuzz_kw=lambda s: _window_kw(s, padding=1)),
+    "col2im": Case(col2im_ref, one(u(2, 18, 3, 5)), "window",
+                   dict(size=(6, 5), kernel_size=(3, 2), stride=(2, 1), padding=1, dilation=(1, 2)),
+                   fuzz_kw=lambda s: dict(size=(2 * s[0] - 1, 2 * s[1] - 1), kernel_size=1, stride=2)),
+    "max_pool2d": Case(lambda x, **kw: pool_ref(x, how="max", **kw), one(distinct(2, 3, 6, 5)), "window",
+                       dict(kernel_size=3, stride=2, padding=1), fuzz_kw=lambda s: _window_kw(s, stride=1)),
+    "max_pool2d_d": Case(lambda x, g, **kw: pool_d_ref(x, g, how="max", **kw),
+                         lambda r: [distinct(2, 3, 6, 5)(r), u(2, 3, 3, 3)(r)], "window",
+                         dict(kernel_size=3, stride=2, padding=1), call=lambda f, x, g, **kw: f(g, x, **kw),
+                         fuzz_kw=lambda s: _window_kw(s, stride=1, params=[(1, 1) + _valid(s)])),
+    "avg_pool2d": Case(lambda x, **kw: pool_ref(x, how="avg", **kw), one(u(2, 3, 6, 5)), "window",
+                       dict(kernel_size=(3, 2), stride=(1, 2), padding=(1, 0)),
+                       fuzz_kw=lambda s: _window_kw(s, stride=1)),
+    "avg_pool2d_d": Case(lambda g, size, **kw: pool_d_ref(np.zeros(g.shape[:2] + size), g, how="avg", **kw),
+                         one(u(2, 3, 6, 2)), "window", dict(size=(6, 5), kernel_size=(3, 2), stride=(1, 2),
+                                                            padding=(1, 0)),
+                         fuzz_kw=lambda s: dict(size=(2 * s[0], 2 * s[1]), kernel_size=2)),
     # randomness
     "dropout": Case(dropout_ref, one(u(6, 7)), "unary", dict(p=0.3, seed=5), node=True),
 }
 
 FUZZ_FAMILIES = ("unary", "binary", "select", "reduce", "rowwise", "rowpair", "shape", "matmul", "gather", "loss",
-                 "channels", "attention")
+                 "channels", "attention", "window")
 
 
 def build(op, builder: Callable, tensors: list, kw: dict) -> Any:

@@ -1,9 +1,15 @@
 """conv2d, conv1d, max_pool2d and avg_pool2d against direct numpy loops, float64 finite
-differences, bit-identical checkpointing, and their argument errors."""
+differences, bit-identical checkpointing, and their argument errors; every tile shape of
+the direct and the windows lowering (ops/conv.py), their gradients against numpy,
+second derivatives, thread-count independence and the memory plan of the windows."""
 import numpy as np
 import pytest
 
 import jitgraph as jg
+from jitgraph.ops.conv import TILE_SHAPES, conv2d_weight, lanes, pick_tile
+
+from .naive import col2im_ref, conv2d_weight_ref, im2col_ref
+from .test_threads import assert_same_bits, at_each_thread_count
 
 RNG = np.random.default_rng(11)
 
@@ -101,7 +107,7 @@ def test_pooling_matches_numpy_and_finite_differences(how, k, stride, padding):
 
 def test_a_small_cnn_trains_bit_identically_with_checkpointing():
     """conv -> relu -> pool -> conv -> global mean -> linear; sqrt checkpointing gives the
-    same loss and gradients bit for bit, and the planned peak counts the im2col windows."""
+    same loss and gradients bit for bit, and the planned peak counts the padded input."""
     def build(checkpoints):
         rng = np.random.default_rng(0)
         g = jg.Graph(np.float32)
@@ -123,7 +129,7 @@ def test_a_small_cnn_trains_bit_identically_with_checkpointing():
         loss = bwd.run({x: xv, t: tv})
         runs.append((np.asarray(loss).tobytes(), [p.grad.tobytes() for p in ps], bwd.peak_bytes))
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
-    assert runs[0][2] >= 4 * 144 * 27 * 4               # the first layer's windows: (4, 144, 27) float32
+    assert runs[0][2] >= 4 * 3 * 14 * 14 * 4            # the first layer's padded input: (4, 3, 14, 14) float32
 
 
 def test_bad_arguments_name_the_tensors():
@@ -143,3 +149,151 @@ def test_bad_arguments_name_the_tensors():
         jg.max_pool2d(x, 3, padding=2)
     with pytest.raises(jg.GraphError, match="conv1d: padding must be an int >= 0"):
         jg.conv1d(g.input((1, 2, 8), name="seq"), g.param(np.zeros((2, 2, 3)), name="k"), padding=-1)
+
+
+# ---- the lowerings, tile by tile ------------------------------------------------------------------------
+def conv2d_grads_ref(x, w, g, stride=1, padding=0, dilation=1, groups=1):
+    """(dx, dw) of sum(conv2d(x, w) * g), from the windows: dw = g . cols^T, dx = col2im(w^T g)."""
+    cols = im2col_ref(x, w.shape[2:], stride, padding, dilation)
+    N, K, OH, OW = cols.shape
+    wg = w.reshape(groups, w.shape[0] // groups, -1)
+    cg = cols.reshape(N, groups, K // groups, OH * OW)
+    gg = g.reshape(N, groups, w.shape[0] // groups, OH * OW)
+    dw = np.einsum("ngop,ngkp->gok", gg, cg).reshape(w.shape)
+    dcols = np.einsum("gok,ngop->ngkp", wg, gg).reshape(N, K, OH, OW)
+    return col2im_ref(dcols, x.shape[2:], w.shape[2:], stride, padding, dilation), dw
+
+
+def conv_program(x, w, g, dtype, **kw):
+    graph = jg.Graph(dtype)
+    xt, wt = graph.param(x, name="x"), graph.param(w, name="w")
+    y = jg.conv2d(xt, wt, **kw)
+    bwd = jg.build_backward(jg.build_forward(jg.sum(y * graph.const(g))))
+    return bwd, xt, wt, y
+
+
+# (input, weight, kwargs): each of the direct product's tiles, the windows path, groups and depthwise
+LOWERINGS = {
+    "4 ch x 4 vectors, padded": ((2, 3, 6, 40), (8, 3, 3, 3), dict(padding=1)),
+    "4 ch x 2 rows x 2 vectors": ((2, 4, 5, 20), (5, 4, 3, 1), dict(padding=(1, 0))),
+    "4 ch x 4 rows x 1 vector, dilated": ((1, 2, 12, 14), (6, 2, 2, 3), dict(padding=2, dilation=2)),
+    "4 ch x 1 vector": ((2, 3, 3, 12), (4, 3, 2, 2), dict()),
+    "1x1 on all positions as a row": ((2, 6, 3, 5), (7, 6, 1, 1), dict()),
+    "windows: stride 2": ((2, 5, 9, 11), (6, 5, 3, 3), dict(stride=2, padding=1)),
+    "windows: narrow rows, scalars": ((1, 3, 4, 4), (4, 3, 3, 3), dict(padding=1, stride=(2, 1))),
+    "windows: padding beyond the kernel's reach": ((2, 3, 5, 5), (4, 3, 1, 1), dict(padding=1)),
+    "groups of 2": ((2, 4, 6, 34), (6, 2, 3, 3), dict(padding=1, groups=2)),
+    "depthwise: 1 ch x 4 vectors": ((1, 3, 5, 36), (3, 1, 3, 3), dict(padding=1, groups=3)),
+    "depthwise: 1 ch x 1 vector": ((1, 2, 4, 9), (4, 1, 2, 2), dict(groups=2)),
+    "depthwise: scalars": ((2, 2, 3, 3), (2, 1, 2, 2), dict(groups=2, padding=1)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", list(LOWERINGS))
+def test_each_lowering_matches_numpy_forward_and_gradients(case, dtype):
+    xs, ws, kw = LOWERINGS[case]
+    rng = np.random.default_rng(len(case))
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    want = conv2d_ref(x, w, **kw)
+    g = rng.standard_normal(want.shape)
+    bwd, xt, wt, y = conv_program(x, w, g, dtype, **kw)
+    loss = bwd.run()
+    dx, dw = conv2d_grads_ref(x, w, g, **kw)
+    tol = dict(rtol=1e-11, atol=1e-11) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(loss, np.sum(want * g), **tol)
+    np.testing.assert_allclose(xt.grad, dx, **tol)
+    np.testing.assert_allclose(wt.grad, dw, **tol)
+    fwd = jg.build_forward(y)
+    np.testing.assert_allclose(fwd.run(), want, **tol)
+
+
+def test_the_lowerings_reach_every_tile_shape():
+    """The shapes above pick every tile of the direct product (float32 lanes)."""
+    picked = set()
+    for xs, ws, kw in LOWERINGS.values():
+        graph = jg.Graph(np.float32)
+        y = jg.conv2d(graph.input(xs), graph.input(ws), **kw)
+        (read,) = [s for s in y.sources[2:]]
+        Og = ws[0] // kw.get("groups", 1)
+        if ws[2:] == (1, 1) and read.shape[2:] == y.shape[2:]:
+            picked.add(pick_tile(Og, 1, y.shape[2] * y.shape[3], lanes(graph)))
+        else:
+            picked.add(pick_tile(Og, y.shape[2], y.shape[3], lanes(graph)))
+    assert picked == set(range(len(TILE_SHAPES)))
+
+
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2, padding=1)])
+def test_second_derivatives_through_conv2d(kw):
+    """The gradients are conv2d / conv2d_weight / im2col / col2im nodes with rules of their
+    own: d/d(x, w) of |grad_x|^2 + |grad_w|^2 against finite differences."""
+    rng = np.random.default_rng(5)       # values of O(1/2): a degree-4 polynomial's differences stay accurate
+    x, w = rng.standard_normal((2, 2, 5, 6)) / 2, rng.standard_normal((3, 2, 3, 2)) / 2
+
+    def fn(a, b):
+        gx, gw = jg.grad(jg.sum(jg.sqr(jg.conv2d(a, b, **kw))), [a, b])
+        return jg.sum(jg.sqr(gx)) + jg.sum(jg.sqr(gw))
+    res = jg.check_grads(fn, [x, w])
+    assert res.ok and res.n_checked == x.size + w.size, res
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_weight_gradient_op_matches_numpy(flip):
+    rng = np.random.default_rng(3)
+    xp = rng.standard_normal((2, 4, 7, 12))
+    g = rng.standard_normal((2, 6, 5, 10) if not flip else (2, 6, 5, 10))
+    graph = jg.Graph(np.float64)
+    gt, xt = graph.input(g.shape), graph.input(xp.shape)
+    out = conv2d_weight(gt, xt, (3, 3), 1, 2, flip)
+    got = jg.build_forward(out).run({gt: g, xt: xp})
+    np.testing.assert_allclose(got, conv2d_weight_ref(g, xp, (3, 3), 1, 2, flip), rtol=1e-12, atol=1e-12)
+
+
+def _resnet_block_loss(dtype, checkpoints=None):
+    """Two residual blocks (the second strided, with a 1x1 projection), max and avg pooling."""
+    rng = np.random.default_rng(0)
+    graph = jg.Graph(dtype)
+    x = graph.input((4, 3, 18, 18), name="x")
+    t = graph.input((4,), dtype=np.int64, name="t")
+    ws = [graph.param(rng.standard_normal(s) * 0.3, name=f"w{i}") for i, s in enumerate(
+        [(8, 3, 3, 3), (8, 8, 3, 3), (8, 8, 3, 3), (16, 8, 3, 3), (16, 16, 3, 3), (16, 8, 1, 1)])]
+    fc = graph.param(rng.standard_normal((16, 5)) * 0.3, name="fc")
+    h = jg.relu(jg.conv2d(x, ws[0], padding=1))
+    h = jg.relu(jg.conv2d(jg.relu(jg.conv2d(h, ws[1], padding=1)), ws[2], padding=1) + h)
+    h = jg.max_pool2d(h, 2)
+    a = jg.relu(jg.conv2d(h, ws[3], stride=2, padding=1))
+    h = jg.relu(jg.conv2d(a, ws[4], padding=1) + jg.conv2d(h, ws[5], stride=2))
+    h = jg.avg_pool2d(h, 3, stride=1, padding=1)
+    bwd = jg.build_backward(jg.build_forward(jg.cross_entropy(jg.mean(h, axis=(2, 3)) @ fc, t)),
+                            checkpoints=checkpoints)
+    feeds = {x: np.random.default_rng(1).standard_normal((4, 3, 18, 18)), t: np.array([0, 3, 1, 4])}
+    return bwd, feeds, ws + [fc]
+
+
+def test_residual_blocks_are_bit_identical_at_1_and_2_threads_and_checkpointed():
+    bwd, feeds, ps = _resnet_block_loss(np.float32)
+    got = at_each_thread_count(lambda: [bwd.run(feeds)] + [p.grad for p in ps])
+    assert_same_bits(got[1], got[2], "residual blocks")
+    cp, cfeeds, cps = _resnet_block_loss(np.float32, "sqrt")
+    assert cp.stats()["n_recomputed"] > 0
+    again = [np.asarray(cp.run(cfeeds))] + [p.grad for p in cps]
+    assert_same_bits(got[1], again, "residual blocks, sqrt checkpointing")
+    assert cp.peak_bytes < bwd.peak_bytes
+
+
+def test_the_memory_plan_counts_the_windows_and_the_padding():
+    """A strided convolution's windows (N, C*kh*kw, OH, OW) and a padded input are arena
+    tensors of the plan, live from their conv2d to the weight gradient that reads them."""
+    graph = jg.Graph(np.float32)
+    x = graph.input((4, 6, 16, 16), name="x")
+    w1 = graph.param(np.ones((8, 6, 3, 3)), name="w1")
+    w2 = graph.param(np.ones((8, 8, 3, 3)), name="w2")
+    y = jg.conv2d(jg.relu(jg.conv2d(x, w1, stride=2, padding=1)), w2, padding=1)
+    bwd = jg.build_backward(jg.build_forward(jg.sum(y)))
+    rows = {r["op"] + str(r["shape"]): r for r in bwd.nodes()}
+    windows = rows["im2col(4, 54, 8, 8)"]
+    padded = rows["im2col(4, 8, 10, 10)"]
+    assert windows["loc"] == "arena" and windows["bytes"] == 4 * 54 * 64 * 4
+    assert padded["loc"] == "arena" and padded["bytes"] == 4 * 8 * 100 * 4
+    timeline = bwd.memory_timeline()
+    assert bwd.peak_bytes >= timeline.max() >= windows["bytes"] + padded["bytes"]

@@ -1,7 +1,7 @@
 """Every op, by family.  Importing this package declares them all in the op table
 (registry.py); the builders each family lists in ``__all__`` are jitgraph's public
 op functions."""
-from . import binary, compare, conv, elementary, gather, linear, norm, reduce, shape, softmaxes, stochastic, unary
+from . import binary, compare, conv, elementary, gather, linear, norm, pool, reduce, shape, softmaxes, stochastic, unary
 from .attention import *   # noqa: F401,F403  -- binds the name attention to the op, not the module
 from .attention import __all__ as _attention_all
 from .binary import *      # noqa: F401,F403
@@ -11,6 +11,7 @@ from .elementary import *  # noqa: F401,F403
 from .gather import *      # noqa: F401,F403
 from .linear import *      # noqa: F401,F403
 from .norm import *        # noqa: F401,F403
+from .pool import *        # noqa: F401,F403
 from .reduce import *      # noqa: F401,F403
 from .shape import *       # noqa: F401,F403
 from .softmaxes import *   # noqa: F401,F403
@@ -28,6 +29,7 @@ __all__ += elementary.__all__
 __all__ += gather.__all__
 __all__ += linear.__all__
 __all__ += norm.__all__
+__all__ += pool.__all__
 __all__ += reduce.__all__
 __all__ += shape.__all__
 __all__ += softmaxes.__all__

@@ -1,0 +1,241 @@
+"""Pooling: max_pool2d and avg_pool2d, each with a fused backward op.
+
+Calling convention: NCHW; ip = (kh, kw, sh, sw, ph, pw); units of work are (image,
+channel) planes (split CUSTOM), so a plane's gradient is always summed by one thread
+in one fixed order (windows in row-major order, taps in row-major order within a
+window) and results do not depend on the thread count.  Padding counts as -inf for
+max and as 0 for avg (which divides by kh*kw: PyTorch's count_include_pad=True); the
+builders keep padding at most half the kernel, so every window holds an input element.
+
+* ``max_pool2d`` has two sources, values and keys (both x when a user calls it): each
+  output is the value at its window's first maximal key (a NaN key wins).  Its
+  gradient ``max_pool2d_d(g, keys)`` adds g to that position, found again from the
+  keys -- no index tensor is stored; the gradient of max_pool2d_d through g is
+  max_pool2d(h, keys), so second derivatives work.
+* ``avg_pool2d`` and ``avg_pool2d_d`` (windows of g / (kh*kw) added back) are each
+  other's adjoints.
+"""
+from typing import Sequence, Tuple, Union
+
+import numpy as np
+from numba import njit
+
+from ..emit import grad_node
+from ..errors import GraphError
+from ..graph import Tensor
+from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
+from ..registry import CUSTOM, defop
+from ..status import NO_CONTRIBUTION, OK
+from .common import need_tensor
+from .conv import _pair, out_size, valid_columns
+
+__all__ = ["max_pool2d", "avg_pool2d"]
+
+MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86
+MAX, MAX_D, AVG, AVG_D = 0, 1, 2, 3       # the kernel's modes
+
+Pair = Union[int, Sequence[int]]
+
+
+def _window(x: Tensor, kernel_size: Pair, stride: Union[None, Pair], padding: Pair, what: str) -> Tuple[tuple, tuple]:
+    """(ip, output shape) of a pooling of x."""
+    x = need_tensor(x, what)
+    if x.ndim != 4:
+        raise GraphError(f"{what}: input {x.label!r} {x.shape} must be 4-D (N, C, H, W)")
+    return _windows(x.shape, x.label, kernel_size, stride, padding, what)
+
+
+def _windows(shape: tuple, label: str, kernel_size: Pair, stride: Union[None, Pair], padding: Pair,
+             what: str) -> Tuple[tuple, tuple]:
+    k = _pair(kernel_size, what, "kernel_size", 1)
+    s = k if stride is None else _pair(stride, what, "stride", 1)
+    p = _pair(padding, what, "padding", 0)
+    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
+        raise GraphError(f"{what}: padding {p} of {label!r} must be at most half the kernel {k}")
+    N, C, H, W = shape
+    OH, OW = out_size(H, k[0], s[0], p[0], 1), out_size(W, k[1], s[1], p[1], 1)
+    if min(OH, OW) < 1:
+        raise GraphError(f"{what}: the kernel {k} is larger than the padded input {label!r} {shape} "
+                         f"(padding {p})")
+    return k + s + p, (N, C, OH, OW)
+
+
+def max_pool2d(x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None, padding: Pair = 0) -> Tensor:
+    """The max of each kh x kw window (stride defaults to the kernel; padding counts as
+    -inf), as PyTorch's max_pool2d; the gradient goes to each window's first maximum."""
+    ip, shape = _window(x, kernel_size, stride, padding, "max_pool2d")
+    return x.graph._node(MAX_POOL2D, (x.id, x.id), shape, ip=ip)
+
+
+def avg_pool2d(x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None, padding: Pair = 0) -> Tensor:
+    """The mean of each kh x kw window (stride defaults to the kernel; padding counts as 0
+    and is counted, PyTorch's default count_include_pad=True)."""
+    ip, shape = _window(x, kernel_size, stride, padding, "avg_pool2d")
+    return x.graph._node(AVG_POOL2D, (x.id,), shape, ip=ip)
+
+
+def max_pool2d_d(g: Tensor, x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None,
+                 padding: Pair = 0) -> Tensor:
+    """max_pool2d's gradient: g added at each window's first maximum of x."""
+    ip, shape = _window(x, kernel_size, stride, padding, "max_pool2d_d")
+    g = need_tensor(g, "max_pool2d_d")
+    if g.shape != shape:
+        raise GraphError(f"max_pool2d_d: gradient {g.label!r} {g.shape} must have the pooled shape {shape} of "
+                         f"{x.label!r}")
+    return g.graph._node(MAX_POOL2D_D, (g.id, x.id), x.shape, ip=ip)
+
+
+def avg_pool2d_d(g: Tensor, size: Pair, kernel_size: Pair, stride: Union[None, Pair] = None,
+                 padding: Pair = 0) -> Tensor:
+    """avg_pool2d's gradient: g / (kh*kw) added over each window of an input of ``size`` (H, W)."""
+    g = need_tensor(g, "avg_pool2d_d")
+    shape = g.shape[:2] + _pair(size, "avg_pool2d_d", "size", 1) if g.ndim == 4 else g.shape
+    ip, pooled = _windows(shape, g.label, kernel_size, stride, padding, "avg_pool2d_d")
+    if g.shape != pooled:
+        raise GraphError(f"avg_pool2d_d: gradient {g.label!r} {g.shape} must have the pooled shape {pooled} of "
+                         f"a {shape} input")
+    return g.graph._node(AVG_POOL2D_D, (g.id,), shape, ip=ip)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _first_max(key, h0, w0, i0, i1, j0, j1, W):
+    """The flat position of the first maximal key (row-major) of a window; a NaN wins."""
+    at = (h0 + i0) * W + w0 + j0
+    best = key[at]
+    for i in range(i0, i1):
+        r = (h0 + i) * W + w0
+        for j in range(j0, j1):
+            k = key[r + j]
+            if (k > best) | ((k != k) & (best == best)):
+                best = k
+                at = r + j
+    return at
+
+
+@njit(cache=True, error_model="numpy")
+def pool_kernel(mode, out, a, keys, same, H, W, OH, OW, p, lo, hi):
+    """Planes [lo, hi) of a pooling (a: values; ``same`` when they are the keys) or of its
+    gradient (a: the output's gradient, out: the input's), by ``mode``.  A pooling of values
+    by their own keys and the average run a row of windows at a time, tap by tap, over
+    slices indexed from 0 (vectorized); the max of a tap keeps the first maximum of equal
+    ones, as the window-by-window search."""
+    kh, kw, sh, sw, ph, pw = p[0], p[1], p[2], p[3], p[4], p[5]
+    inv = 1.0 / (kh * kw)
+    back = mode == MAX_D or mode == AVG_D
+    for u in range(lo, hi):
+        img = out[u * H * W:(u + 1) * H * W] if back else out[u * OH * OW:(u + 1) * OH * OW]
+        src = a[u * OH * OW:(u + 1) * OH * OW] if back else a[u * H * W:(u + 1) * H * W]
+        key = keys[u * H * W:(u + 1) * H * W]
+        if back:
+            for t in range(H * W):
+                img[t] = 0.0
+        for oh in range(OH):
+            h0 = oh * sh - ph
+            i0, i1 = max(0, -h0), min(kh, H - h0)
+            if mode == MAX_D or (mode == MAX and not same):
+                for ow in range(OW):
+                    w0 = ow * sw - pw
+                    at = _first_max(key, h0, w0, i0, i1, max(0, -w0), min(kw, W - w0), W)
+                    if mode == MAX:
+                        img[oh * OW + ow] = src[at]
+                    else:
+                        img[at] += src[oh * OW + ow]
+                continue
+            orow = img[oh * OW:(oh + 1) * OW] if not back else src[oh * OW:(oh + 1) * OW]
+            if mode != AVG_D:
+                fill = -np.inf if mode == MAX else 0.0
+                for t in range(OW):
+                    orow[t] = fill
+            for i in range(i0, i1):
+                xrow = (img if back else src)[(h0 + i) * W:(h0 + i + 1) * W]
+                for j in range(kw):
+                    c0, c1 = valid_columns(OW, W, sw, j - pw)
+                    at = xrow[c0 * sw + j - pw:]
+                    part = orow[c0:c1]
+                    if mode == MAX:
+                        for t in range(c1 - c0):
+                            k = at[t * sw]
+                            b = part[t]
+                            part[t] = k if (k > b) | ((k != k) & (b == b)) else b
+                    elif mode == AVG:
+                        for t in range(c1 - c0):
+                            part[t] += at[t * sw]
+                    else:
+                        for t in range(c1 - c0):
+                            at[t * sw] += part[t] * inv
+            if mode == AVG:
+                for t in range(OW):
+                    orow[t] *= inv
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _pool(v, n, lo, hi, mode):
+    back = mode == MAX_D or mode == AVG_D
+    s = v.shape[n] if back else v.shape[v.src[n, 0]]        # the input's (N, C, H, W)
+    so = v.shape[v.src[n, 0]] if back else v.shape[n]       # the pooled (N, C, OH, OW)
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = s[0] * s[1]
+        return OK
+    lo, hi = span(lo, hi, s[0] * s[1])
+    a = operand(v, n, 0)
+    keys = operand(v, n, 1) if mode == MAX or mode == MAX_D else a
+    same = mode == AVG or mode == AVG_D or v.src[n, 0] == v.src[n, 1]
+    return pool_kernel(mode, output(v, n), a, keys, same, s[2], s[3], so[2], so[3], v.ip[n], lo, hi)
+
+
+def _run_max_pool2d(n, lo, hi, ctx, mem, store):
+    return _pool(run_view(ctx, mem, store), n, lo, hi, MAX)
+
+
+def _run_max_pool2d_d(n, lo, hi, ctx, mem, store):
+    return _pool(run_view(ctx, mem, store), n, lo, hi, MAX_D)
+
+
+def _run_avg_pool2d(n, lo, hi, ctx, mem, store):
+    return _pool(run_view(ctx, mem, store), n, lo, hi, AVG)
+
+
+def _run_avg_pool2d_d(n, lo, hi, ctx, mem, store):
+    return _pool(run_view(ctx, mem, store), n, lo, hi, AVG_D)
+
+
+@njit(cache=True)
+def pool_node(G, st, op, a, keys, like, n, k):
+    """A pooling node of ``a`` (and ``keys``) with node n's params, shaped like ``like``."""
+    t = grad_node(G, st, op, a, keys, like, n, k)
+    for q in range(6):
+        G.ip[t, q] = G.ip[n, q]
+    return t
+
+
+def _vjp_max_pool2d(n, k, g, ctx):              # the keys only choose: no gradient through them
+    if k != 0:
+        return NO_CONTRIBUTION
+    G, st = rule_view(ctx)
+    return pool_node(G, st, MAX_POOL2D_D, g, G.src[n, 1], G.src[n, 0], n, k)
+
+
+def _vjp_max_pool2d_d(n, k, h, ctx):            # linear in g: h picked at the same positions
+    if k != 0:
+        return NO_CONTRIBUTION
+    G, st = rule_view(ctx)
+    return pool_node(G, st, MAX_POOL2D, h, G.src[n, 1], G.src[n, 0], n, k)
+
+
+def _vjp_avg_pool2d(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return pool_node(G, st, AVG_POOL2D_D, g, -1, G.src[n, 0], n, k)
+
+
+def _vjp_avg_pool2d_d(n, k, h, ctx):
+    G, st = rule_view(ctx)
+    return pool_node(G, st, AVG_POOL2D, h, -1, G.src[n, 0], n, k)
+
+
+defop(MAX_POOL2D, "max_pool2d", max_pool2d, _run_max_pool2d, _vjp_max_pool2d, arity=2, split=CUSTOM)
+defop(MAX_POOL2D_D, "max_pool2d_d", max_pool2d_d, _run_max_pool2d_d, _vjp_max_pool2d_d, arity=2, public=False,
+      split=CUSTOM)
+defop(AVG_POOL2D, "avg_pool2d", avg_pool2d, _run_avg_pool2d, _vjp_avg_pool2d, arity=1, split=CUSTOM)
+defop(AVG_POOL2D_D, "avg_pool2d_d", avg_pool2d_d, _run_avg_pool2d_d, _vjp_avg_pool2d_d, arity=1, public=False,
+      split=CUSTOM)
