@@ -243,7 +243,7 @@ def _ov_exp(x):
 def _ov_exp_nonpositive(x):
     if x == types.float32:
         return _exp32_nonpositive.py_func
-    return lambda x: math.exp(x)
+    return lambda x: exp(x)                  # float64: exp itself
 
 
 @overload(log, inline="always")

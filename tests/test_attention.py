@@ -219,7 +219,7 @@ def test_bad_arguments_name_the_tensor():
         jg.attention(q, k, v, causal="yes")
 
 
-@njit(cache=True)
+@njit(cache=False)        # Numba's own cache would not see an edit of vmath.py
 def _exps(x):
     a = np.empty_like(x)
     b = np.empty_like(x)

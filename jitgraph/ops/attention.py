@@ -21,7 +21,7 @@ GEMM; at the end O_i /= l.  Causal blocks skip the keys no row of the block sees
 dO as ``gd = [dO | D]`` (a concat), since a node has at most four sources: the gradient node
 is ``attention_d(q, k, v, gd)`` and its output packs the three gradients along the T axis,
 (..., Tq + 2 Tk, d) = [dq; dk; dv]; each source's gradient is a ``slice`` of it (a copy of
-its own size: ~1% of the node's time at T = 1024).  A unit is one head (dk and dv sum over
+its own size: under 1% of the node's time at T = 1024).  A unit is one head (dk and dv sum over
 all query blocks; one unit accumulates them in a fixed order).  Per block of BR query rows,
 the row statistics are recomputed from q and k -- scores by GEMM, their exps, m and l: the
 log-sum-exp is recomputed, not saved, because a node has one output (O, which the user
