@@ -221,9 +221,8 @@ def markdown(res):
 
 
 WORKLOAD = harness.Workload(
-    "conv", "perf/bench_conv.py: conv2d and pooling layers and a ResNet-like stack against PyTorch", run, markdown,
-    targets=tuple(harness.Target(f"ResNet-like stack, jitgraph / torch at {n} thread{'s' if n > 1 else ''}", 1.0,
-                                 lambda res, n=n: harness.ratio_at(n)(res["resnet"])) for n in THREADS))
+    "conv", "perf/bench_conv.py: conv2d and pooling layers and a ResNet-like stack against PyTorch", run, markdown)
+# no Target here: the target is on the ResNet with batch norm, workload (h) (perf/resnet.py)
 
 if __name__ == "__main__":
     sys.exit(harness.main(None, [WORKLOAD], prog="python perf/bench_conv.py",
