@@ -100,19 +100,19 @@ class Worker:
         store = self.bwd.graph.store
         return [store[a:b].copy() for a, b in self.slices]
 
-    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, Tuple[float, float],
+    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, Tuple[float, float, float],
                                                                                   List[np.ndarray]]:
-        """(loss, (seconds copying the params in, seconds in bwd.run), gradients) of the
-        rows ``rows`` of the data."""
+        """(loss, (seconds copying the params in, seconds in bwd.run, CPU seconds of this
+        thread in bwd.run), gradients) of the rows ``rows`` of the data."""
         t0 = time.perf_counter()
         self.set_params(values)
         g = self.bwd.graph
         feeds = {Tensor(g, i): a[rows] for i, a in self.data.items()}
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         loss = float(self.bwd.run(feeds, seed=salt))
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         mem = self.bwd.mem                 # views: Ray copies them into the object store on return
-        return loss, (t1 - t0, t2 - t1), [mem[o:o + n] for o, n in self.grad_slots]
+        return loss, (t1 - t0, t2 - t1, c2 - c1), [mem[o:o + n] for o, n in self.grad_slots]
 
 
 def _mean_into(piece):
@@ -417,7 +417,8 @@ class DataParallel:
         compute = max(r[1][1] for r in results)
         self.step_times.append({"step": t4 - t0, "compute": compute, "optimizer": t3 - t2,
                                 "all_reduce": (t4 - t0) - compute - (t3 - t2), "params_in": max(r[1][0] for r in results),
-                                "mean": t2 - t1, "params_out": t4 - t3})
+                                "mean": t2 - t1, "params_out": t4 - t3,
+                                "compute_cpu": max(r[1][2] for r in results)})
         loss = 0.0
         for r in results:
             loss += r[0]
@@ -429,7 +430,9 @@ class DataParallel:
         the ``optimizer`` step; of the ``all_reduce``, the rest of the step -- of which
         ``params_out`` puts the params into the object store, ``params_in`` copies them
         into a worker's graph, ``mean`` averages the gradients (and the remainder moves
-        them and calls the workers) -- and ``all_reduce_share`` of a step."""
+        them and calls the workers) -- and ``all_reduce_share`` of a step.  ``compute_cpu``
+        is the CPU time of the slowest worker's ``bwd.run`` (of its calling thread): well
+        below ``compute``, the workers were waiting for a core."""
         rows = self.step_times[1:] or self.step_times
         if not rows:
             raise GraphError("DataParallel.timing: no fit has run yet")
