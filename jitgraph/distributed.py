@@ -29,6 +29,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -49,6 +50,7 @@ from .train import batch_rows
 MAGIC = "jitgraph-dataparallel"
 VERSION = 1
 DIED = (RayActorError, WorkerCrashedError, ObjectLostError)   # the worker or its result is gone: replace it
+CHUNK = 1 << 20                  # gradient elements per piece of the mean (the driver's threads share the pieces)
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -98,19 +100,31 @@ class Worker:
         store = self.bwd.graph.store
         return [store[a:b].copy() for a, b in self.slices]
 
-    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, Tuple[float, float],
+    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, Tuple[float, float, float],
                                                                                   List[np.ndarray]]:
-        """(loss, (seconds copying the params in, seconds in bwd.run), gradients) of the
-        rows ``rows`` of the data."""
+        """(loss, (seconds copying the params in, seconds in bwd.run, CPU seconds of this
+        thread in bwd.run), gradients) of the rows ``rows`` of the data."""
         t0 = time.perf_counter()
         self.set_params(values)
         g = self.bwd.graph
         feeds = {Tensor(g, i): a[rows] for i, a in self.data.items()}
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         loss = float(self.bwd.run(feeds, seed=salt))
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         mem = self.bwd.mem                 # views: Ray copies them into the object store on return
-        return loss, (t1 - t0, t2 - t1), [mem[o:o + n] for o, n in self.grad_slots]
+        return loss, (t1 - t0, t2 - t1, c2 - c1), [mem[o:o + n] for o, n in self.grad_slots]
+
+
+def _mean_into(piece):
+    """dst = (g_0 + g_1 + ... + g_{N-1}) / N, added in worker order: the same bits every run."""
+    dst, parts = piece
+    if len(parts) == 1:
+        dst[:] = parts[0]
+        return
+    np.add(parts[0], parts[1], out=dst)
+    for g in parts[2:]:
+        np.add(dst, g, out=dst)
+    np.divide(dst, len(parts), out=dst)
 
 
 def _int(x, name, low):
@@ -154,6 +168,7 @@ class DataParallel:
         self._params_ref: Any = None
         self._data_ref: Any = None
         self._blob: Any = None
+        self._pool = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="jitgraph-dp")
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             ray.init(address=address, include_dashboard=False)
@@ -385,15 +400,15 @@ class DataParallel:
             if self.bwd.graph.grads_owner is not self.bwd:     # another program ran: read gradients from ours
                 self._warm_up()
             mem = self.bwd.mem
-            for j, (o, size) in enumerate(self._grad_slots):
-                dst = mem[o:o + size]
-                if N == 1:
-                    dst[:] = results[0][2][j]
-                    continue
-                np.add(results[0][2][j], results[1][2][j], out=dst)      # in worker order: fixed
-                for r in results[2:]:
-                    np.add(dst, r[2][j], out=dst)
-                np.divide(dst, N, out=dst)
+            grads = [r[2] for r in results]
+            pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
+                      for j, (o, size) in enumerate(self._grad_slots) for lo in range(0, size, CHUNK)]
+            if len(pieces) > 1 and sum(size for _, size in self._grad_slots) > CHUNK:
+                # the workers wait for this: the driver has the cores (numpy lets go of the GIL)
+                list(self._pool.map(_mean_into, pieces))
+            else:
+                for piece in pieces:
+                    _mean_into(piece)
             t2 = time.perf_counter()
             self.opt.step()
         t3 = time.perf_counter()
@@ -402,7 +417,8 @@ class DataParallel:
         compute = max(r[1][1] for r in results)
         self.step_times.append({"step": t4 - t0, "compute": compute, "optimizer": t3 - t2,
                                 "all_reduce": (t4 - t0) - compute - (t3 - t2), "params_in": max(r[1][0] for r in results),
-                                "mean": t2 - t1, "params_out": t4 - t3})
+                                "mean": t2 - t1, "params_out": t4 - t3,
+                                "compute_cpu": max(r[1][2] for r in results)})
         loss = 0.0
         for r in results:
             loss += r[0]
@@ -414,7 +430,9 @@ class DataParallel:
         the ``optimizer`` step; of the ``all_reduce``, the rest of the step -- of which
         ``params_out`` puts the params into the object store, ``params_in`` copies them
         into a worker's graph, ``mean`` averages the gradients (and the remainder moves
-        them and calls the workers) -- and ``all_reduce_share`` of a step."""
+        them and calls the workers) -- and ``all_reduce_share`` of a step.  ``compute_cpu``
+        is the CPU time of the slowest worker's ``bwd.run`` (of its calling thread): well
+        below ``compute``, the workers were waiting for a core."""
         rows = self.step_times[1:] or self.step_times
         if not rows:
             raise GraphError("DataParallel.timing: no fit has run yet")
@@ -476,6 +494,7 @@ class DataParallel:
                 pass
         self.workers = []
         self._params_ref = self._data_ref = self._blob = None
+        self._pool.shutdown(wait=False)
         if self._own_ray and ray.is_initialized():
             ray.shutdown()
 

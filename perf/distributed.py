@@ -4,7 +4,9 @@
 2 workers (128 rows each), every worker on 1 kernel thread, on a local Ray instance that
 this workload starts: samples per second of each, their ratio, where a step's time goes
 (``dp.timing()``: the slowest worker's ``bwd.run``, the optimizer step, the all-reduce),
-and the same step in this process without Ray for reference.
+and the same step in this process without Ray for reference.  The same again at a global
+batch of 1024: the all-reduce moves the same bytes (the params and their gradients) against
+4x the compute.
 
 Both DataParallels live through the whole workload (the Ray instance declares 3 CPUs so
 the idle one keeps its actor; an idle actor uses none) and take turns, the order flipping
@@ -56,48 +58,18 @@ def one_process(ctx, weights, X, batch):
         return statistics.median(time_calls(step, calls) for _ in range(3))
 
 
-def run(ctx):
-    n, d, batch, steps = (2, 128, 32, 4) if ctx.quick else (16, 1024, 256, 6)
-    res = {"title": f"(j) data-parallel training on Ray: MLP x ({batch}, {d}) -> {n} x relu(h @ W_i) -> mean, "
-                    f"float32, SGD, 1 vs 2 workers",
-           "what": "samples per second of DataParallel.fit with 1 worker (program batch = the global batch) and 2 "
-                   "workers (half each), 1 kernel thread per worker (jg.set_num_threads(1) in the actor), on a "
-                   "local Ray instance (workers at nice 0, not Ray's default 15; a 1 GiB object store); median "
-                   "over repeats of (steps after the first) x batch / their seconds; ratio per repeat, then "
-                   "median.  Step split from dp.timing(): compute = the slowest worker's "
-                   "bwd.run, optimizer = opt.step on the driver, all-reduce = the rest (params into the object "
-                   "store, workers copy them in, gradients back, their mean).  'one process': bwd.run + opt.step "
-                   "on the global batch in this process, 1 thread, no Ray",
-           "sizes": {"layers": n, "d": d, "global_batch": batch, "steps_per_fit": steps,
-                     "params": n * d * d, "cpu_count": os.cpu_count()}}
-    try:
-        import ray
-
-        from jitgraph.distributed import DataParallel
-    except ImportError as e:
-        res["skipped"] = f"Ray is not installed ({e}); pip install 'jitgraph[ray]'"
-        return res
-    if (os.cpu_count() or 1) < max(WORKERS):
-        res["skipped"] = f"{max(WORKERS)} workers > os.cpu_count() = {os.cpu_count()}"
-        return res
-    rng = np.random.default_rng(7)
+def measure(ctx, DataParallel, weights, batch, steps, rng):
+    """One global batch size: the one-process reference, then DataParallel on 1 and 2
+    workers taking turns.  Returns its section of the result."""
+    d = weights[0].shape[0]
     X = rng.standard_normal((batch * steps, d)).astype(np.float32)
-    weights = chain_weights(n, d, X[:batch], rng)
-    ctx.note("one process")
-    res["one_process_step_s"] = one_process(ctx, weights, X, batch)
-    started = not ray.is_initialized()
-    if started:
-        # worker_niceness 0: Ray runs workers at nice 15 by default, which on a shared machine
-        # hands their cores to any other process; the one-process reference runs at 0 too.
-        # A 1 GiB object store (Ray's default: 30% of the RAM) is reused within a few steps:
-        # in a bigger one every step's objects land on pages no process has touched yet, and
-        # the page faults cost up to 100 ms per 64 MiB put (measured here)
-        ray.init(address="local", num_cpus=sum(WORKERS), include_dashboard=False, log_to_driver=False,
-                 object_store_memory=1 << 30, _system_config={"worker_niceness": 0})
+    out = {"global_batch": batch, "steps_per_fit": steps}
+    ctx.note(f"batch {batch}: one process")
+    out["one_process_step_s"] = one_process(ctx, weights, X, batch)
     dps = {}
     try:
         for w in WORKERS:
-            ctx.note(f"start {w} worker{'s' if w > 1 else ''}")
+            ctx.note(f"batch {batch}: start {w} worker{'s' if w > 1 else ''}")
             bwd, opt, x = mlp(weights, batch // w)
             dps[w] = (DataParallel(bwd, opt, num_workers=w), x)
         rates = {w: [] for w in WORKERS}
@@ -110,71 +82,132 @@ def run(ctx):
             times[w] += rows
             return batch * len(rows) / sum(r["step"] for r in rows)
         for w in WORKERS:
-            ctx.note(f"warm-up {w}")
+            ctx.note(f"batch {batch}: warm-up {w}")
             sample(w)
             times[w].clear()
         for r in range(ctx.repeats):
-            ctx.note(f"repeat {r + 1}/{ctx.repeats}")
+            ctx.note(f"batch {batch}: repeat {r + 1}/{ctx.repeats}")
             for w in (WORKERS if r % 2 == 0 else WORKERS[::-1]):
                 rates[w].append(sample(w))
         per = [b / a for a, b in zip(rates[1], rates[2])]
-        res["workers"] = {str(w): {"samples_per_s_median": statistics.median(rates[w]), "samples_per_s": rates[w],
+        out["workers"] = {str(w): {"samples_per_s_median": statistics.median(rates[w]), "samples_per_s": rates[w],
                                    "step_s": {k: statistics.median(t[k] for t in times[w]) for k in times[w][0]},
                                    "restarts": dps[w][0].restarts}
                           for w in WORKERS}
         for w in WORKERS:
-            s = res["workers"][str(w)]["step_s"]
-            s["all_reduce_share"] = s["all_reduce"] / s["step"]
-        res["ratio"] = {"median": statistics.median(per), "per_repeat": per}
+            st = out["workers"][str(w)]["step_s"]
+            st["all_reduce_share"] = st["all_reduce"] / st["step"]
+        out["ratio"] = {"median": statistics.median(per), "per_repeat": per}
         p1, p2 = dps[1][0].params(), dps[2][0].params()
-        res["params_max_rel_diff"] = max(float(np.abs(p1[k] - p2[k]).max() / np.abs(p1[k]).max()) for k in p1)
+        out["params_max_rel_diff"] = max(float(np.abs(p1[k] - p2[k]).max() / np.abs(p1[k]).max()) for k in p1)
     finally:
         for dp, _ in dps.values():
             dp.shutdown()
+    return out
+
+
+def run(ctx):
+    n, d = (2, 128) if ctx.quick else (16, 1024)
+    configs = ((32, 4), (64, 4)) if ctx.quick else ((256, 6), (1024, 3))   # (global batch, steps per fit)
+    res = {"title": f"(j) data-parallel training on Ray: MLP x (B, {d}) -> {n} x relu(h @ W_i) -> mean, "
+                    f"float32, SGD, 1 vs 2 workers, global batch B = {configs[0][0]} (and {configs[1][0]})",
+           "what": "samples per second of DataParallel.fit with 1 worker (program batch = the global batch) and 2 "
+                   "workers (half each), 1 kernel thread per worker (jg.set_num_threads(1) in the actor), on a "
+                   "local Ray instance (workers at nice 0, not Ray's default 15; a 1 GiB object store); median "
+                   "over repeats of (steps after the first) x batch / their seconds; ratio per repeat, then "
+                   "median.  Step split from dp.timing(): compute = the slowest worker's bwd.run (and its "
+                   "thread's CPU time), optimizer = opt.step on the driver, all-reduce = the rest (params into "
+                   "the object store, workers copy them in, gradients back, their mean).  'one process': "
+                   "bwd.run + opt.step on the global batch in this process, 1 thread, no Ray.  The target is "
+                   f"read at B = {configs[0][0]}; B = {configs[1][0]} shows the same all-reduce against 4x the "
+                   "compute",
+           "sizes": {"layers": n, "d": d, "params": n * d * d, "cpu_count": os.cpu_count()}}
+    try:
+        import ray
+
+        from jitgraph.distributed import DataParallel
+    except ImportError as e:
+        res["skipped"] = f"Ray is not installed ({e}); pip install 'jitgraph[ray]'"
+        return res
+    if (os.cpu_count() or 1) < max(WORKERS):
+        res["skipped"] = f"{max(WORKERS)} workers > os.cpu_count() = {os.cpu_count()}"
+        return res
+    load0 = os.getloadavg()[0]
+    rng = np.random.default_rng(7)
+    weights = chain_weights(n, d, rng.standard_normal((configs[0][0], d)).astype(np.float32), rng)
+    started = not ray.is_initialized()
+    if started:
+        # worker_niceness 0: Ray runs workers at nice 15 by default, which on a shared machine
+        # hands their cores to any other process; the one-process reference runs at 0 too.
+        # A 1 GiB object store (Ray's default: 30% of the RAM) is reused within a few steps:
+        # in a bigger one every step's objects land on pages no process has touched yet, and
+        # the page faults cost up to 100 ms per 64 MiB put (measured here)
+        ray.init(address="local", num_cpus=sum(WORKERS), include_dashboard=False, log_to_driver=False,
+                 object_store_memory=1 << 30, _system_config={"worker_niceness": 0})
+    try:
+        res["configs"] = [measure(ctx, DataParallel, weights, b, steps, rng) for b, steps in configs]
+    finally:
         if started:
             ray.shutdown()
+    res["load_average"] = [load0, os.getloadavg()[0]]
     return res
+
+
+def _plural(w):
+    return f"{w} worker{'s' if str(w) != '1' else ''}"
 
 
 def markdown(res):
     if "skipped" in res:
         return [f"Skipped: {res['skipped']}."]
-    batch = res["sizes"]["global_batch"]
-    rows = [["one process, no Ray (1 thread)", f"{batch / res['one_process_step_s']:.0f}",
-             fmt_s(res["one_process_step_s"]), "", "", "", "", ""]]
-    for w, r in res["workers"].items():
-        s = r["step_s"]
-        rows.append([f"DataParallel, {w} worker{'s' if w != '1' else ''}", f"{r['samples_per_s_median']:.0f}",
-                     fmt_s(s["step"]), f"{res['ratio']['median']:.3g}" if w != "1" else "1",
-                     fmt_s(s["compute"]), fmt_s(s["optimizer"]), fmt_s(s["all_reduce"]),
-                     f"{100 * s['all_reduce_share']:.0f}%"])
-    per = res["ratio"]["per_repeat"]
-    split = "; ".join(f"{w} worker{'s' if w != '1' else ''}: params out {fmt_s(r['step_s']['params_out'])}, in "
-                      f"{fmt_s(r['step_s']['params_in'])}, gradient mean {fmt_s(r['step_s']['mean'])}"
-                      for w, r in res["workers"].items())
-    return md_table(["", "samples/s (median)", "time per step", "x 1 worker", "compute (slowest worker)",
-                     "optimizer step", "all-reduce", "all-reduce share"], rows) + [
-        "", f"2 workers / 1 worker per repeat: {min(per):.3g} - {max(per):.3g}.  Params after the same batches, "
-            f"1 vs 2 workers: largest relative difference {res['params_max_rel_diff']:.2g} (float32 sums in "
-            f"another order).  Restarts: {sum(r['restarts'] for r in res['workers'].values())}.",
-        "", f"Inside the all-reduce (medians): {split}; the rest is Ray moving the gradients back and "
-            f"calling the workers."]
+    rows, notes = [], []
+    for c in res["configs"]:
+        b = c["global_batch"]
+        rows.append([f"B = {b}: one process, no Ray (1 thread)", f"{b / c['one_process_step_s']:.0f}",
+                     fmt_s(c["one_process_step_s"]), "", "", "", "", ""])
+        for w, r in c["workers"].items():
+            st = r["step_s"]
+            rows.append([f"B = {b}: DataParallel, {_plural(w)}", f"{r['samples_per_s_median']:.0f}", fmt_s(st["step"]),
+                         f"**{c['ratio']['median']:.3g}**" if w != "1" else "1",
+                         f"{fmt_s(st['compute'])} ({fmt_s(st['compute_cpu'])} CPU)", fmt_s(st["optimizer"]),
+                         fmt_s(st["all_reduce"]), f"{100 * st['all_reduce_share']:.0f}%"])
+        per = c["ratio"]["per_repeat"]
+        split = "; ".join(f"{_plural(w)}: params out {fmt_s(r['step_s']['params_out'])}, in "
+                          f"{fmt_s(r['step_s']['params_in'])}, gradient mean {fmt_s(r['step_s']['mean'])}"
+                          for w, r in c["workers"].items())
+        notes += ["", f"B = {b}: 2 workers / 1 worker per repeat {min(per):.3g} - {max(per):.3g}; inside the "
+                      f"all-reduce (medians) {split}, the rest is Ray moving the gradients back and calling the "
+                      f"workers.  Params after the same batches, 1 vs 2 workers: largest relative difference "
+                      f"{c['params_max_rel_diff']:.2g} (float32 sums in another order).  Restarts: "
+                      f"{sum(r['restarts'] for r in c['workers'].values())}."]
+    return md_table(["", "samples/s (median)", "time per step", "x 1 worker", "compute: slowest worker's run",
+                     "optimizer step", "all-reduce", "all-reduce share"], rows) + notes + [
+        "", f"A worker's run with less CPU time than wall time waited for a core (other processes).  Load "
+            f"average (1 min) when the workload started and ended: {res['load_average'][0]:.2f}, "
+            f"{res['load_average'][1]:.2f} ({res['sizes']['cpu_count']} cores)."]
 
 
 def plot(res, plots, key):
     if "skipped" in res:
         return
-    labels = ["one process"] + [f"{w} worker{'s' if w != '1' else ''}" for w in res["workers"]]
-    values = [res["one_process_step_s"]] + [r["step_s"]["step"] for r in res["workers"].values()]
-    plots.bars(f"{key}.png", res["title"], labels, values, f"median time per global batch of "
-                                                           f"{res['sizes']['global_batch']} (s)")
+    labels, values = [], []
+    for c in res["configs"]:
+        b = c["global_batch"]
+        labels.append(f"B = {b}, one process")
+        values.append(c["one_process_step_s"] / b)
+        for w, r in c["workers"].items():
+            labels.append(f"B = {b}, {_plural(w)}")
+            values.append(1 / r["samples_per_s_median"])
+    plots.bars(f"{key}.png", res["title"], labels, values, "time per sample (s)")
 
 
 def speedup(res):
     if "skipped" in res:
         return None, "skipped: " + res["skipped"]
-    return res["ratio"]["median"], None
+    c = res["configs"][0]
+    return c["ratio"]["median"], None
 
 
 WORKLOAD = Workload("j", "data-parallel training on Ray, 1 vs 2 workers", run, markdown, plot,
-                    (Target("2 workers / 1 worker, samples per second", 1.6, speedup, at_least=True),))
+                    (Target("2 workers / 1 worker, samples per second, global batch 256", 1.6, speedup,
+                            at_least=True),))
