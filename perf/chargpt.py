@@ -21,7 +21,7 @@ import jitgraph as jg
 
 from .agreement import agreement, md_agreement
 from .harness import Target, Workload, ratio_at, timed_by_threads
-from .models import GPTConfig, gpt_weights
+from .models import GPTConfig, gpt_logits, gpt_weights
 from .report import fmt_s, md_by_threads
 
 THREADS = (1, 2)
@@ -48,26 +48,8 @@ def windows(codes, cfg, count, rng):
     return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
 
 
-def logits_of(g, P, idx, cfg, batch):
-    """The GPT's logits (batch, T, vocab) for index input ``idx`` (batch, T)."""
-    T, d, H, hd = cfg.T, cfg.d, cfg.heads, cfg.head_dim
-
-    def norm(t, name):
-        return jg.layer_norm(t, 1e-5, weight=P[name + ".g"], bias=P[name + ".b"])
-
-    def split_heads(t):                   # (B, T, d) -> (B, H, T, hd)
-        return jg.transpose(jg.reshape(t, (batch, T, H, hd)), (0, 2, 1, 3))
-
-    x = jg.embedding(P["wte"], idx) + P["wpe"]
-    for i in range(cfg.layers):
-        p = f"h{i}."
-        h = norm(x, p + "ln1")
-        q, k, v = (split_heads(h @ P[p + "w" + c] + P[p + "b" + c]) for c in "qkv")
-        y = jg.reshape(jg.transpose(jg.attention(q, k, v, causal=True), (0, 2, 1, 3)), (batch, T, d))
-        x = x + (y @ P[p + "wo"] + P[p + "bo"])
-        h = norm(x, p + "ln2")
-        x = x + (jg.gelu(h @ P[p + "w1"] + P[p + "b1"]) @ P[p + "w2"] + P[p + "b2"])
-    return norm(x, "lnf") @ P["lm"]
+def causal_attention(q, k, v):
+    return jg.attention(q, k, v, causal=True)
 
 
 def jg_chargpt(w, cfg, **backward_kwargs):
@@ -76,7 +58,7 @@ def jg_chargpt(w, cfg, **backward_kwargs):
     P = {k: g.param(v, name=k) for k, v in w.items()}
     idx = g.input((cfg.batch, cfg.T), name="idx", dtype=np.int64)
     targets = g.input((cfg.batch, cfg.T), name="targets", dtype=np.int64)
-    loss = jg.cross_entropy(logits_of(g, P, idx, cfg, cfg.batch), targets)
+    loss = jg.cross_entropy(gpt_logits(P, idx, cfg, cfg.batch, causal_attention), targets)
     return jg.build_backward(jg.build_forward(loss), **backward_kwargs), idx, targets, P
 
 
@@ -124,7 +106,7 @@ def sample(params, cfg, chars, prompt, length, temperature=0.8, seed=0):
     g = jg.Graph(np.float32)
     P = {k: g.const(v, name=k) for k, v in params.items()}
     idx = g.input((1, cfg.T), name="idx", dtype=np.int64)
-    fwd = jg.build_forward(logits_of(g, P, idx, cfg, 1))
+    fwd = jg.build_forward(gpt_logits(P, idx, cfg, 1, causal_attention))
     code = {c: i for i, c in enumerate(chars)}
     ids = [code[c] for c in prompt if c in code]
     rng = np.random.default_rng(seed)

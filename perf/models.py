@@ -187,10 +187,33 @@ def gpt_batch(cfg, rng):
     return idx, targets, np.eye(cfg.vocab, dtype=np.float32)[targets]
 
 
+def gpt_logits(P, idx, cfg, batch, attend):
+    """The GPT's logits (batch, T, vocab) for index input ``idx`` (batch, T), params ``P``;
+    ``attend(q, k, v)`` maps the (batch, H, T, hd) heads to their attention output."""
+    T, d, H, hd = cfg.T, cfg.d, cfg.heads, cfg.head_dim
+
+    def norm(t, name):
+        return jg.layer_norm(t, 1e-5, weight=P[name + ".g"], bias=P[name + ".b"])
+
+    def split_heads(t):                   # (B, T, d) -> (B, H, T, hd)
+        return jg.transpose(jg.reshape(t, (batch, T, H, hd)), (0, 2, 1, 3))
+
+    x = jg.embedding(P["wte"], idx) + P["wpe"]
+    for i in range(cfg.layers):
+        p = f"h{i}."
+        h = norm(x, p + "ln1")
+        q, k, v = (split_heads(h @ P[p + "w" + c] + P[p + "b" + c]) for c in "qkv")
+        y = jg.reshape(jg.transpose(attend(q, k, v), (0, 2, 1, 3)), (batch, T, d))
+        x = x + (y @ P[p + "wo"] + P[p + "bo"])
+        h = norm(x, p + "ln2")
+        x = x + (jg.gelu(h @ P[p + "w1"] + P[p + "b1"]) @ P[p + "w2"] + P[p + "b2"])
+    return norm(x, "lnf") @ P["lm"]
+
+
 def jg_gpt(w, cfg, **backward_kwargs):
-    """The GPT in jitgraph, fwd+bwd to the mean cross entropy: returns (bwd, idx input,
-    one-hot targets input, {name: param})."""
-    B, T, d, H, hd = cfg.batch, cfg.T, cfg.d, cfg.heads, cfg.head_dim
+    """The GPT in jitgraph with unfused attention (a causal mask const and softmax), fwd+bwd
+    to the mean cross entropy: returns (bwd, idx input, one-hot targets input, {name: param})."""
+    B, T = cfg.batch, cfg.T
     g = jg.Graph(np.float32)
     P = {k: g.param(v, name=k) for k, v in w.items()}
     idx = g.input((B, T), name="idx", dtype=np.int64)
@@ -198,24 +221,11 @@ def jg_gpt(w, cfg, **backward_kwargs):
     # causal: a large negative score above the diagonal, so softmax gives those keys 0
     mask = g.const(np.triu(np.full((T, T), -1e9, np.float32), 1))
 
-    def norm(t, name):
-        return jg.layer_norm(t, 1e-5) * P[name + ".g"] + P[name + ".b"]
+    def attend(q, k, v):
+        scores = (q @ jg.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(cfg.head_dim)) + mask
+        return jg.softmax(scores, -1) @ v
 
-    def split_heads(t):                   # (B, T, d) -> (B, H, T, hd)
-        return jg.transpose(jg.reshape(t, (B, T, H, hd)), (0, 2, 1, 3))
-
-    x = jg.embedding(P["wte"], idx) + P["wpe"]
-    for i in range(cfg.layers):
-        p = f"h{i}."
-        h = norm(x, p + "ln1")
-        q, k, v = (split_heads(h @ P[p + "w" + c] + P[p + "b" + c]) for c in "qkv")
-        scores = (q @ jg.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(hd)) + mask
-        y = jg.softmax(scores, -1) @ v
-        y = jg.reshape(jg.transpose(y, (0, 2, 1, 3)), (B, T, d))
-        x = x + (y @ P[p + "wo"] + P[p + "bo"])
-        h = norm(x, p + "ln2")
-        x = x + (jg.gelu(h @ P[p + "w1"] + P[p + "b1"]) @ P[p + "w2"] + P[p + "b2"])
-    logits = jg.reshape(norm(x, "lnf") @ P["lm"], (B * T, cfg.vocab))
+    logits = jg.reshape(gpt_logits(P, idx, cfg, B, attend), (B * T, cfg.vocab))
     bwd = jg.build_backward(jg.build_forward(jg.cross_entropy(logits, targets)), **backward_kwargs)
     return bwd, idx, targets, P
 
