@@ -25,7 +25,7 @@ from .ops.common import graph_of
 from .plan import K_VIEW, backward_orders, best_plan
 from .revolve import FIRST_SWEEP, RECOMPUTED, default_slots, optimal_steps, schedule
 from .rewrite import NEVER, Schedule, one_level, run_rewrite
-from .running import statistics_nodes
+from .running import io_slots, statistics_nodes
 
 MAX_REVOLVE_STEPS = 8        # plans searched by budgets and pareto recompute <= this x steps
 
@@ -39,7 +39,7 @@ class Trial:
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
-        self.io_slots = np.concatenate([self.io, statistics_nodes(graph.nodes, fwd_order)])    # as Program's
+        self.io_slots = io_slots(graph.nodes, fwd_order, self.io)        # what Program plans in io
         self.keep_out = np.asarray([loss_id], np.int64)
         self.in_place = in_place
         self.is_forward = np.zeros(end, np.uint8)

@@ -16,7 +16,7 @@ from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
-from .running import RunningStats, statistics_nodes
+from .running import RunningStats, io_slots
 from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
@@ -79,7 +79,7 @@ class Program:
         nodes = graph.nodes
         candidates = order if isinstance(order, list) else [order]
         # batch statistics outlive the run in io slots: the running statistics are updated from them after it
-        io = np.concatenate([np.asarray(io_nodes, np.int64).reshape(-1), statistics_nodes(nodes, candidates[0])])
+        io = io_slots(nodes, candidates[0], io_nodes)
         self.order, plan = best_plan(nodes.arrays(), nodes.n, candidates, io,
                                      np.asarray([t.id for t in outputs], np.int64), self.in_place)
         (self.loc, self.off, arena_elems, io_elems, n_in_place,

@@ -27,6 +27,12 @@ def statistics_nodes(nodes: Any, order: np.ndarray) -> np.ndarray:
     return order[(nodes.op[order] == BATCH_STATS) & ((nodes.flags[order] & F_RECOMPUTED) == 0)]
 
 
+def io_slots(nodes: Any, order: np.ndarray, io: Any) -> np.ndarray:
+    """The nodes a program plans in io slots: ``io`` plus the batch statistics of ``order``
+    (the running statistics are updated from them after the run)."""
+    return np.concatenate([np.asarray(io, np.int64).reshape(-1), statistics_nodes(nodes, order)])
+
+
 @njit(cache=True)
 def update_running(mem, store, at, mean_at, var_at, C, momentum, unbias):
     """PyTorch's rule, layer after layer: running = (1 - m) running + m batch (variance
