@@ -99,22 +99,29 @@ def _types(context, dtype, vector):
 
 
 def fma_tile(MR: int, R: int, V: int, vector: bool):
-    """The intrinsic ``tile(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)``:
+    """The intrinsic ``tile(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)``:
     for m < MR, r < R, v < V,
-    ``o[m*om + r*orow + v*lanes : +lanes] = sum over i < n_i, j < n_j, c < n_c of
+    ``o[m*om + r*orow + v*lanes : +lanes] (+)= sum over i < n_i, j < n_j, c < n_c of
     w[m*wm + i*wi + j*wj + c*wc] * x[i*xi + j*xj + c*xc + r*xr + v*lanes : +lanes]``
-    (x, w, o typed pointers of one float dtype; the rest int64)."""
+    (x, w, o typed pointers of one float dtype; the rest int64), added to o's values when
+    ``acc`` is not 0 (the sums continue from them)."""
     @intrinsic
-    def tile(typingctx, x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow):
-        sig = types.void(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+    def tile(typingctx, x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc):
+        sig = types.void(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
         dtype = x.dtype
 
         def codegen(context, builder, signature, args):
-            x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow = args
+            x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc = args
             lanes, vt, zero, size = _types(context, dtype, vector)
             fma = _fma(builder, vt)
             xrow = [builder.gep(x, [builder.mul(I64(r), xr)]) for r in range(R)]
             wrow = [builder.gep(w, [builder.mul(I64(m), wm)]) for m in range(MR)]
+            at = [_at(builder, o, builder.add(builder.add(builder.mul(I64(m), om), builder.mul(I64(r), orow)),
+                                              I64(v * lanes)), vt)
+                  for m in range(MR) for r in range(R) for v in range(V)]
+            start = builder.icmp_signed("!=", acc, I64(0))
+            # the output tile is in bounds either way: loaded always, kept only when continuing
+            init = [builder.select(start, builder.load(p, align=size), zero) for p in at]
 
             def over_i(i, accs):
                 xb = builder.mul(i, xi)
@@ -138,14 +145,9 @@ def fma_tile(MR: int, R: int, V: int, vector: bool):
                         return new
                     return _loop(builder, n_c, accs, over_c)
                 return _loop(builder, n_j, accs, over_j)
-            accs = _loop(builder, n_i, [zero] * (MR * R * V), over_i)
-            for m in range(MR):
-                mo = builder.mul(I64(m), om)
-                for r in range(R):
-                    ro = builder.add(mo, builder.mul(I64(r), orow))
-                    for v in range(V):
-                        builder.store(accs[(m * R + r) * V + v], _at(builder, o, builder.add(ro, I64(v * lanes)), vt),
-                                      align=size)
+            accs = _loop(builder, n_i, init, over_i)
+            for p, value in zip(at, accs):
+                builder.store(value, p, align=size)
             return context.get_dummy_value()
         return sig, codegen
     return tile

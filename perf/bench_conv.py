@@ -220,9 +220,9 @@ def markdown(res):
           f"planned peak {rn['peak_bytes'] / 2**20:.1f} MiB, {rn['n_nodes']} nodes."]
 
 
+# no Target here: the target is workload (h), a full ResNet; these figures say where the kernels stand
 WORKLOAD = harness.Workload(
     "conv", "perf/bench_conv.py: conv2d and pooling layers and a ResNet-like stack against PyTorch", run, markdown)
-# no Target here: the target is on the ResNet with batch norm, workload (h) (perf/resnet.py)
 
 if __name__ == "__main__":
     sys.exit(harness.main(None, [WORKLOAD], prog="python perf/bench_conv.py",

@@ -21,8 +21,7 @@ from jitgraph.ops.stochastic import dropout_uniform
 class Case:
     ref: Callable                       # numpy reference: ref(*arrays, **kw)
     args: Callable                      # rng -> list of arguments (float arrays become tensors)
-    fuzz: str                           # graphgen family: unary binary reduce rowwise shape matmul gather loss select
-                                        # channels window
+    fuzz: str                           # graphgen family: unary binary ... loss select window (FUZZ_FAMILIES)
     kw: dict = field(default_factory=dict)   # keyword arguments for examples and fuzzing
     grad: bool = True                   # has a gradient to check (False: no rule, or piecewise constant)
     call: Optional[Callable] = None     # call(builder, *tensors, **kw) when not builder(*tensors, **kw)

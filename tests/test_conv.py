@@ -180,6 +180,10 @@ LOWERINGS = {
     "4 ch x 1 vector": ((2, 3, 3, 12), (4, 3, 2, 2), dict()),
     "1x1 on all positions as a row": ((2, 6, 3, 5), (7, 6, 1, 1), dict()),
     "windows: stride 2": ((2, 5, 9, 11), (6, 5, 3, 3), dict(stride=2, padding=1)),
+    "phases: stride 2": ((2, 3, 16, 32), (5, 3, 3, 3), dict(stride=2, padding=1)),
+    "phases: 1x1, stride 2": ((2, 6, 8, 32), (7, 6, 1, 1), dict(stride=2)),
+    "phases: stride (2, 3), kernel 3x4": ((1, 3, 10, 52), (8, 3, 3, 4), dict(stride=(2, 3), padding=1)),
+    "phases: groups of 2": ((2, 4, 16, 34), (6, 2, 3, 3), dict(stride=2, padding=1, groups=2)),
     "windows: narrow rows, scalars": ((1, 3, 4, 4), (4, 3, 3, 3), dict(padding=1, stride=(2, 1))),
     "windows: padding beyond the kernel's reach": ((2, 3, 5, 5), (4, 3, 1, 1), dict(padding=1)),
     "groups of 2": ((2, 4, 6, 34), (6, 2, 3, 3), dict(padding=1, groups=2)),
@@ -223,12 +227,14 @@ def test_the_lowerings_reach_every_tile_shape():
     assert picked == set(range(len(TILE_SHAPES)))
 
 
-@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2, padding=1)])
-def test_second_derivatives_through_conv2d(kw):
+@pytest.mark.parametrize("shape,kw", [((2, 2, 5, 6), dict(padding=1)), ((2, 2, 5, 6), dict(stride=2, padding=1)),
+                                      ((2, 2, 6, 10), dict(stride=2, padding=1))])
+def test_second_derivatives_through_conv2d(shape, kw):
     """The gradients are conv2d / conv2d_weight / im2col / col2im nodes with rules of their
-    own: d/d(x, w) of |grad_x|^2 + |grad_w|^2 against finite differences."""
+    own: d/d(x, w) of |grad_x|^2 + |grad_w|^2 against finite differences (direct, windows
+    and phases)."""
     rng = np.random.default_rng(5)       # values of O(1/2): a degree-4 polynomial's differences stay accurate
-    x, w = rng.standard_normal((2, 2, 5, 6)) / 2, rng.standard_normal((3, 2, 3, 2)) / 2
+    x, w = rng.standard_normal(shape) / 2, rng.standard_normal((3, 2, 3, 2)) / 2
 
     def fn(a, b):
         gx, gw = jg.grad(jg.sum(jg.sqr(jg.conv2d(a, b, **kw))), [a, b])
@@ -281,19 +287,20 @@ def test_residual_blocks_are_bit_identical_at_1_and_2_threads_and_checkpointed()
     assert cp.peak_bytes < bwd.peak_bytes
 
 
-def test_the_memory_plan_counts_the_windows_and_the_padding():
-    """A strided convolution's windows (N, C*kh*kw, OH, OW) and a padded input are arena
-    tensors of the plan, live from their conv2d to the weight gradient that reads them."""
+def test_the_memory_plan_counts_the_windows_the_phases_and_the_padding():
+    """A strided convolution's phases (N, C*s*s, H/s, W/s) or windows (N, C*kh*kw, OH, OW) and a
+    padded input are arena tensors of the plan, live from their conv2d to the weight
+    gradient that reads them."""
     graph = jg.Graph(np.float32)
     x = graph.input((4, 6, 16, 16), name="x")
     w1 = graph.param(np.ones((8, 6, 3, 3)), name="w1")
     w2 = graph.param(np.ones((8, 8, 3, 3)), name="w2")
-    y = jg.conv2d(jg.relu(jg.conv2d(x, w1, stride=2, padding=1)), w2, padding=1)
+    w3 = graph.param(np.ones((4, 8, 3, 3)), name="w3")
+    h = jg.conv2d(jg.relu(jg.conv2d(x, w1, stride=2, padding=1)), w2, padding=1)
+    y = jg.conv2d(jg.relu(h), w3, stride=2, padding=1)            # 4x4 outputs: narrower than a vector
     bwd = jg.build_backward(jg.build_forward(jg.sum(y)))
     rows = {r["op"] + str(r["shape"]): r for r in bwd.nodes()}
-    windows = rows["im2col(4, 54, 8, 8)"]
-    padded = rows["im2col(4, 8, 10, 10)"]
-    assert windows["loc"] == "arena" and windows["bytes"] == 4 * 54 * 64 * 4
-    assert padded["loc"] == "arena" and padded["bytes"] == 4 * 8 * 100 * 4
-    timeline = bwd.memory_timeline()
-    assert bwd.peak_bytes >= timeline.max() >= windows["bytes"] + padded["bytes"]
+    phases, padded, windows = rows["im2col(4, 24, 9, 9)"], rows["im2col(4, 8, 10, 10)"], rows["im2col(4, 72, 4, 4)"]
+    for r, size in ((phases, 24 * 81), (padded, 8 * 100), (windows, 72 * 16)):
+        assert r["loc"] == "arena" and r["bytes"] == 4 * size * 4
+    assert bwd.peak_bytes >= bwd.memory_timeline().max() >= max(r["bytes"] for r in (phases, padded, windows))

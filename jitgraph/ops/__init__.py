@@ -1,7 +1,8 @@
 """Every op, by family.  Importing this package declares them all in the op table
 (registry.py); the builders each family lists in ``__all__`` are jitgraph's public
 op functions."""
-from . import binary, compare, conv, elementary, gather, linear, norm, pool, reduce, shape, softmaxes, stochastic, unary
+from . import (binary, compare, conv, elementary, gather, linear, norm, pool, reduce, shape, softmaxes, stochastic,
+               unary, windows)
 from .attention import *   # noqa: F401,F403  -- binds the name attention to the op, not the module
 from .attention import __all__ as _attention_all
 from .binary import *      # noqa: F401,F403

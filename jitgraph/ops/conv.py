@@ -9,67 +9,60 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
   channels and kernel taps streams past (simd.fma_tile): the windows are read from the
   padded input as shifted rows, never copied.  A 1x1 stride-1 convolution without
   padding reads x itself, all of an image's positions as one row.
-* **other strides**, and rows narrower than a vector: an ``im2col`` node lays every
-  window out as rows ``(N, C*kh*kw, OH, OW)`` (an arena tensor: the plan counts it,
-  checkpointing may drop and recompute it), then the same product runs as a 1x1
-  convolution on it.
+* **stride s > 1** (no dilation): the padded input is split into its s x s *phases*
+  (an ``im2col`` whose kernel is its stride: a space-to-depth the size of the input),
+  and each phase is a stride-1 product with the kernel taps of that phase, the phases
+  summed in the tile's registers.
+* **otherwise** (dilated strides, rows narrower than a vector, padding beyond the
+  kernel): an ``im2col`` node lays every window out, (N, C*kh*kw, OH, OW), and the same
+  product runs as a 1x1 convolution on it.
 * The **weight gradient** is one ``conv2d_weight`` node: dW[co, c, i, j] summed over
   images and positions in one pass (simd.dot_tile: 4 channels x 4 taps of vector
   partial sums, images taken a cache-sized chunk at a time), never a product per
   image and a sum.
-* The **input gradient** of a stride-1 convolution is a convolution too: the output
-  gradient padded by ``dilation*(k-1) - padding`` and convolved with the weights
-  flipped and transposed (the ``conv2d`` node's FLIP mode, which reads w that way: no
-  flipped copy); of the im2col path it is the 1x1 product back onto the windows and a
-  ``col2im`` node, which adds the windows into the input plane by plane in a fixed order.
+* The **input gradient** is a convolution too: the output gradient padded by
+  ``dilation*(k-1) - padding`` and convolved with the weights flipped and transposed
+  (the FLIP mode, which reads w that way: no flipped copy); for phases, each phase's
+  gradient is such a convolution with its taps, and a ``col2im`` puts the phases back
+  in place; for windows, the 1x1 product back onto them and a ``col2im`` that adds them
+  into the input plane by plane in a fixed order.
 
-A ``conv2d`` node has three sources: the input x (the gradient's target), the weight
-and the tensor it reads (x, padded x or the windows); only the first two get a
-gradient.  Every rule is made of these four ops, so second derivatives work too.
-Units of work are fixed tiles (conv2d), channel blocks (conv2d_weight) or (image,
-channel) planes (im2col, col2im): every output element is computed by one fixed
-sequence of operations, so results do not depend on the thread count and a
+The padding, phases and windows are arena tensors: the memory plan counts them and
+checkpointing may drop and recompute them.  A ``conv2d`` node has three sources: the
+input x (the gradient's target), the weight and the tensor it reads (x, padded x,
+phases or windows); only the first two get a gradient.  Every rule is made of these
+ops, so second derivatives work too.  Units of work are fixed tiles (conv2d), channel
+blocks (conv2d_weight) or (image, channel) planes: every output element is computed by
+one fixed sequence of operations, so results do not depend on the thread count and a
 checkpointed recomputation is bit-identical.
 """
 import numbers
-from typing import Any, Sequence, Tuple, Union
+from typing import Any
 
 from numba import njit
 
 from .._sigs import G as G_T, ST, i64
-from ..emit import grad_node
+from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor
+from ..ir import F_GRAD
 from ..native import RUN_EXTENT, data_pointer, operand, output, rule_view, run_view, span
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..simd import VECTOR_BYTES, dot_tile, fma_tile
 from ..status import ERR_BAD_NODE, NO_CONTRIBUTION, OK
 from .common import need_tensor
-from .shape import reshape
+from .shape import RESHAPE, reshape
+from .windows import COL2IM, IM2COL, Pair, int_pair, im2col, out_size, pad_node, windows_node
 
 __all__ = ["conv2d", "conv1d"]
 
-CONV2D, CONV2D_WEIGHT, IM2COL, COL2IM = 79, 80, 81, 82
-FWD, FLIP = 0, 1          # conv2d / conv2d_weight ip[3]: the weights as stored, or flipped and transposed
-# conv2d ip: 0 dh, 1 dw, 2 groups, 3 mode, 4 ph, 5 pw (the padding source 2 adds to source 0),
-#            6 = 1 when source 2 is source 0's im2col windows, DOT_K the contracted length
-# conv2d_weight ip: 0 dh, 1 dw, 2 groups, 3 mode, DOT_K
-# im2col / col2im ip: kh, kw, sh, sw, ph, pw, dh, dw
+CONV2D, CONV2D_WEIGHT = 79, 80
+FWD, FLIP = 0, 1          # ip[3]: the weights as stored, or flipped and transposed (an input gradient)
+DIRECT, WINDOWS, PHASES = 0, 1, 2    # conv2d ip[6]: what source 2 is (x or padded x, windows, phases)
+# conv2d ip: 0 dh, 1 dw, 2 groups, 3 mode, 4-5 DIRECT: the padding source 2 adds to source 0,
+#            PHASES: the stride; 6 what source 2 is; DOT_K the contracted length
+# conv2d_weight ip: 0 dh, 1 dw, 2 groups, 3 mode, 4-5 the stride of phases (0: none), DOT_K
 CHUNK_BYTES = 1 << 21     # a weight gradient's images are taken in chunks of about this much input
-
-Pair = Union[int, Sequence[int]]
-
-
-def _pair(value: Any, what: str, name: str, least: int) -> Tuple[int, int]:
-    v = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
-    if len(v) != 2 or not all(isinstance(a, numbers.Integral) and not isinstance(a, bool) and int(a) >= least
-                              for a in v):
-        raise GraphError(f"{what}: {name} must be an int >= {least} or a pair of them, got {value!r}")
-    return int(v[0]), int(v[1])
-
-
-def out_size(size: int, k: int, s: int, p: int, d: int) -> int:
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
 def lanes(g: Any) -> int:
@@ -77,163 +70,11 @@ def lanes(g: Any) -> int:
     return VECTOR_BYTES // g.dtype.itemsize
 
 
-# ---- im2col and col2im: windows as rows, and the windows added back ------------------------------
-def im2col(x: Tensor, kernel_size: Pair, stride: Pair = 1, padding: Pair = 0, dilation: Pair = 1) -> Tensor:
-    """(N, C, H, W) -> (N, C*kh*kw, OH, OW): row (c, i, j) holds input channel c at kernel
-    tap (i, j) for every output position (0 outside the input).  A 1x1 kernel with
-    stride 1 is a zero padding of x."""
-    x = need_tensor(x, "im2col")
-    k, s, p, d = (_pair(v, "im2col", n, m) for v, n, m in ((kernel_size, "kernel_size", 1), (stride, "stride", 1),
-                                                           (padding, "padding", 0), (dilation, "dilation", 1)))
-    if x.ndim != 4:
-        raise GraphError(f"im2col: input {x.label!r} {x.shape} must be 4-D (N, C, H, W)")
-    N, C, H, W = x.shape
-    OH, OW = out_size(H, k[0], s[0], p[0], d[0]), out_size(W, k[1], s[1], p[1], d[1])
-    if min(OH, OW) < 1:
-        raise GraphError(f"im2col: the kernel {k} (dilation {d}) is larger than the padded input {x.label!r} "
-                         f"{x.shape} (padding {p})")
-    return x.graph._node(IM2COL, (x.id,), (N, C * k[0] * k[1], OH, OW), ip=k + s + p + d)
-
-
-def col2im(cols: Tensor, size: Pair, kernel_size: Pair, stride: Pair = 1, padding: Pair = 0,
-           dilation: Pair = 1) -> Tensor:
-    """im2col's adjoint: (N, C*kh*kw, OH, OW) windows added back into (N, C, H, W) planes
-    of ``size`` (H, W)."""
-    cols = need_tensor(cols, "col2im")
-    hw = _pair(size, "col2im", "size", 1)
-    k, s, p, d = (_pair(v, "col2im", n, m) for v, n, m in ((kernel_size, "kernel_size", 1), (stride, "stride", 1),
-                                                           (padding, "padding", 0), (dilation, "dilation", 1)))
-    want = (out_size(hw[0], k[0], s[0], p[0], d[0]), out_size(hw[1], k[1], s[1], p[1], d[1]))
-    if cols.ndim != 4 or cols.shape[1] % (k[0] * k[1]) or cols.shape[2:] != want:
-        raise GraphError(f"col2im: windows {cols.label!r} {cols.shape} do not fit a {hw} input with kernel {k}, "
-                         f"stride {s}, padding {p}, dilation {d} (expected (N, C*{k[0] * k[1]}, {want[0]}, {want[1]}))")
-    N, K = cols.shape[:2]
-    return cols.graph._node(COL2IM, (cols.id,), (N, K // (k[0] * k[1])) + hw, ip=k + s + p + d)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def valid_columns(OW, W, sw, off):
-    """The output columns ow whose input column ow*sw + off lies in [0, W)."""
-    lo = 0 if off >= 0 else (sw - 1 - off) // sw
-    hi = (W - off + sw - 1) // sw if W - off > 0 else 0
-    return min(lo, OW), max(min(hi, OW), min(lo, OW))
-
-
-@njit(cache=True, error_model="numpy")
-def windows_kernel(cols, x, C, H, W, OH, OW, p, lo, hi, back):
-    """im2col (back = False) or col2im (back = True) of planes [lo, hi) ((image, channel) pairs).
-    Loops run over slices indexed from 0, which LLVM vectorizes (no negative-index checks)."""
-    kh, kw, sh, sw, ph, pw, dh, dw = p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
-    if not back and kh * kw * sh * sw == 1 and ph >= 0 and pw >= 0 and OW == W + 2 * pw:    # a zero padding
-        for u in range(lo, hi):
-            out = cols[u * OH * OW:(u + 1) * OH * OW]
-            for t in range(OH * OW):
-                out[t] = 0.0
-            for h in range(H):
-                dst = out[(h + ph) * OW + pw:]
-                src = x[(u * H + h) * W:(u * H + h + 1) * W]
-                for t in range(W):
-                    dst[t] = src[t]
-        return OK
-    for u in range(lo, hi):
-        plane = x[u * H * W:(u + 1) * H * W]
-        if back:
-            for t in range(H * W):
-                plane[t] = 0.0
-        for i in range(kh):
-            for j in range(kw):
-                off = j * dw - pw
-                c0, c1 = valid_columns(OW, W, sw, off)
-                for oh in range(OH):
-                    h = oh * sh - ph + i * dh
-                    r = (((u * kh + i) * kw + j) * OH + oh) * OW       # the window row's start
-                    row = cols[r:r + OW]
-                    if h < 0 or h >= H:
-                        if not back:
-                            for t in range(OW):
-                                row[t] = 0.0
-                        continue
-                    inside = row[c0:c1]
-                    src = plane[h * W + c0 * sw + off:]                # input of output column c0
-                    if back:
-                        if sw == 1:
-                            for t in range(c1 - c0):
-                                src[t] += inside[t]
-                        elif sw == 2:                                  # a constant stride: vectorized
-                            for t in range(c1 - c0):
-                                src[2 * t] += inside[t]
-                        else:
-                            for t in range(c1 - c0):
-                                src[t * sw] += inside[t]
-                        continue
-                    for t in range(c0):
-                        row[t] = 0.0
-                    if sw == 1:
-                        for t in range(c1 - c0):
-                            inside[t] = src[t]
-                    elif sw == 2:
-                        for t in range(c1 - c0):
-                            inside[t] = src[2 * t]
-                    else:
-                        for t in range(c1 - c0):
-                            inside[t] = src[t * sw]
-                    tail = row[c1:]
-                    for t in range(OW - c1):
-                        tail[t] = 0.0
-    return OK
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _windows(v, n, lo, hi, back):
-    img = n if back else v.src[n, 0]           # the (N, C, H, W) side
-    win = v.src[n, 0] if back else n           # the (N, C*kh*kw, OH, OW) side
-    s, w = v.shape[img], v.shape[win]
-    planes = s[0] * s[1]
-    if lo < 0:
-        v.ctx[RUN_EXTENT] = planes
-        return OK
-    lo, hi = span(lo, hi, planes)
-    if back:
-        return windows_kernel(operand(v, n, 0), output(v, n), s[1], s[2], s[3], w[2], w[3], v.ip[n], lo, hi, True)
-    return windows_kernel(output(v, n), operand(v, n, 0), s[1], s[2], s[3], w[2], w[3], v.ip[n], lo, hi, False)
-
-
-def _run_im2col(n, lo, hi, ctx, mem, store):
-    return _windows(run_view(ctx, mem, store), n, lo, hi, False)
-
-
-def _run_col2im(n, lo, hi, ctx, mem, store):
-    return _windows(run_view(ctx, mem, store), n, lo, hi, True)
-
-
-@njit(cache=True)
-def windows_node(G, st, op, a, like, p, n, k):
-    """An im2col / col2im node of ``a`` with node p's params, shaped like ``like``."""
-    t = grad_node(G, st, op, a, -1, like, n, k)
-    for q in range(8):
-        G.ip[t, q] = G.ip[p, q]
-    return t
-
-
-def _vjp_im2col(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return windows_node(G, st, COL2IM, g, G.src[n, 0], n, n, k)
-
-
-def _vjp_col2im(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return windows_node(G, st, IM2COL, g, G.src[n, 0], n, n, k)
-
-
-defop(IM2COL, "im2col", im2col, _run_im2col, _vjp_im2col, arity=1, public=False, split=CUSTOM)
-defop(COL2IM, "col2im", col2im, _run_col2im, _vjp_col2im, arity=1, public=False, split=CUSTOM)
-
-
 # ---- conv2d -------------------------------------------------------------------------------------
 def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: Pair = 1, groups: int = 1) -> Tensor:
     """2-D cross-correlation as PyTorch's conv2d (no bias: add one yourself): ``x`` (N, C_in,
-    H, W), ``w`` (C_out, C_in / groups, kh, kw) -> (N, C_out, OH, OW).  Stride 1 is a direct
-    register-tiled product over the padded input, other strides a product over im2col
+    H, W), ``w`` (C_out, C_in / groups, kh, kw) -> (N, C_out, OH, OW).  A register-tiled
+    product over the padded input (stride 1), its phases (other strides) or its im2col
     windows (see the module docstring)."""
     x = need_tensor(x, "conv2d")
     w = need_tensor(w, "conv2d")
@@ -242,7 +83,7 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
                          "(N, C, H, W) and (C_out, C_in / groups, kh, kw)")
     if w.graph is not x.graph:
         raise GraphError(f"conv2d: weight {w.label!r} belongs to another graph than {x.label!r}")
-    s, p, d = (_pair(v, "conv2d", n, m) for v, n, m in ((stride, "stride", 1), (padding, "padding", 0),
+    s, p, d = (int_pair(v, "conv2d", n, m) for v, n, m in ((stride, "stride", 1), (padding, "padding", 0),
                                                          (dilation, "dilation", 1)))
     if not isinstance(groups, numbers.Integral) or isinstance(groups, bool) or groups < 1:
         raise GraphError(f"conv2d: groups must be an int >= 1, got {groups!r}")
@@ -260,13 +101,20 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
                          f"{x.label!r} {x.shape} (padding {p})")
     g = x.graph
     K = Cg * kh * kw
-    flat = (kh, kw) == (1, 1) and p == (0, 0)
-    if s == (1, 1) and p[0] <= d[0] * (kh - 1) and p[1] <= d[1] * (kw - 1) and (OW >= lanes(g) or flat):
+    wide = OW >= lanes(g)
+    if s == (1, 1) and p[0] <= d[0] * (kh - 1) and p[1] <= d[1] * (kw - 1) and (wide or (kh, kw, *p) == (1, 1, 0, 0)):
         xp = x if p == (0, 0) else im2col(x, 1, 1, p)
-        return g._node(CONV2D, (x.id, w.id, xp.id), (N, C_out, OH, OW), ip=d + (groups, FWD) + p + (0, K))
+        return g._node(CONV2D, (x.id, w.id, xp.id), (N, C_out, OH, OW), ip=d + (groups, FWD) + p + (DIRECT, K))
+    # phases fit when each holds exactly the rows and columns its taps reach; every phase is read
+    # when the kernel is at least the stride (a 1x1 kernel reads one phase: its windows are smaller)
+    fits = out_size(H, s[0], s[0], p[0], 1) == OH + (kh - 1) // s[0] and \
+        out_size(W, s[1], s[1], p[1], 1) == OW + (kw - 1) // s[1]
+    if d == (1, 1) and wide and kh >= s[0] and kw >= s[1] and fits:
+        phases = im2col(x, s, s, p)
+        return g._node(CONV2D, (x.id, w.id, phases.id), (N, C_out, OH, OW), ip=(1, 1, groups, FWD) + s + (PHASES, K))
     cols = im2col(x, (kh, kw), s, p, d)
     wv = reshape(w, (C_out, K, 1, 1))
-    return g._node(CONV2D, (x.id, wv.id, cols.id), (N, C_out, OH, OW), ip=(1, 1, groups, FWD, 0, 0, 1, K))
+    return g._node(CONV2D, (x.id, wv.id, cols.id), (N, C_out, OH, OW), ip=(1, 1, groups, FWD, 0, 0, WINDOWS, K))
 
 
 def conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1) -> Tensor:
@@ -310,79 +158,107 @@ def pick_tile(channels, OH, OW, L):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _fma(f, x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow):
+def _fma(f, x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc):
     if f == 0:
-        F0(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F0(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 1:
-        F1(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F1(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 2:
-        F2(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F2(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 3:
-        F3(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F3(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 4:
-        F4(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F4(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 5:
-        F5(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F5(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 6:
-        F6(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F6(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     else:
-        F7(x, w, o, kh, kw, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
+        F7(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _geometry(v, n, xs):
-    """(N, reduced channels, Hp, Wp, OH, OW, flat) of a product reading node xs: ``flat`` when a
-    1x1 kernel reads every position of an unpadded input (then all of an image is one row)."""
-    sx, so, sw = v.shape[xs], v.shape[n], v.shape[v.src[n, 1]]
-    Hp, Wp, OH, OW = sx[2], sx[3], so[2], so[3]
-    if sw[2] == 1 and sw[3] == 1 and Hp == OH and Wp == OW:
-        return sx[0], sx[1], 1, Hp * Wp, 1, OH * OW
-    return sx[0], sx[1], Hp, Wp, OH, OW
+def _spans(kind, sh, sw, kh, kw, dh, dw):
+    """(phases across, phases down, reach down, reach across): a product reads reach + 1
+    rows / columns of the input it reads per output row / column."""
+    if kind == PHASES:
+        return sh, sw, (kh - 1) // sh, (kw - 1) // sw
+    return 1, 1, dh * (kh - 1), dw * (kw - 1)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _plane(kh, kw, Hp, Wp, OH, OW):
+    """(Hp, Wp, OH, OW), with an image's positions as one row when a 1x1 kernel reads every
+    position of an unpadded input."""
+    if kh == 1 and kw == 1 and Hp == OH and Wp == OW:
+        return 1, Hp * Wp, 1, OH * OW
+    return Hp, Wp, OH, OW
 
 
 @njit(cache=True, error_model="numpy")
 def conv_tiles(v, n, lo, hi):
-    """conv2d: units are tiles (image, row block, channel block, column block)."""
+    """conv2d: units are tiles (image, row block, [phase,] channel block, column block).  FWD
+    sums every phase of the input into a tile; a FLIP of phases makes each phase's plane."""
     xs, ws = v.src[n, 2], v.src[n, 1]
-    N, Ci, Hp, Wp, OH, OW = _geometry(v, n, xs)
+    N, Ci, kh, kw = v.shape[xs, 0], v.shape[xs, 1], v.shape[ws, 2], v.shape[ws, 3]
     Co = v.shape[n, 1]
-    kh, kw = v.shape[ws, 2], v.shape[ws, 3]
-    dh, dw, groups, mode = v.ip[n, 0], v.ip[n, 1], v.ip[n, 2], v.ip[n, 3]
-    T = kh * kw
-    Cr, Og = Ci // groups, Co // groups
+    dh, dw, groups, mode, kind = v.ip[n, 0], v.ip[n, 1], v.ip[n, 2], v.ip[n, 3], v.ip[n, 6]
+    sh, sw, Pi, Pj = _spans(kind, v.ip[n, 4], v.ip[n, 5], kh, kw, dh, dw)
+    Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2], v.shape[xs, 3], v.shape[n, 2], v.shape[n, 3])
+    S, T = sh * sw, kh * kw
+    ti, tj = (kh - 1) // sh, (kw - 1) // sw               # the taps of the longest phase, less one
+    S_in, S_out = (S, 1) if mode == FWD else (1, S)       # phases read (FWD) or made (FLIP)
+    Cr, Og = Ci // S_in // groups, Co // S_out // groups  # reduced and output channels per group
     rows, cols = (Co, Cr) if mode == FWD else (Ci, Og)
-    if OH != Hp - dh * (kh - 1) or OW != Wp - dw * (kw - 1) or v.shape[ws, 0] != rows or v.shape[ws, 1] != cols \
-            or Ci % groups or Co % groups or N != v.shape[n, 0]:
+    if OH != Hp - Pi or OW != Wp - Pj or v.shape[ws, 0] != rows or v.shape[ws, 1] != cols or Ci % (S_in * groups) \
+            or Co % (S_out * groups) or N != v.shape[n, 0]:
         return ERR_BAD_NODE                  # the builders never make one: no kernel reads out of bounds
     L = VECTOR_BYTES // v.mem.itemsize
     f = pick_tile(Og, OH, OW, L)
     MR, R, V, vec = TILE_SHAPES[f]
     width = V * L if vec else V
     n_r, n_c, n_v = (OH + R - 1) // R, (Og + MR - 1) // MR, (OW + width - 1) // width
-    units = N * n_r * groups * n_c * n_v
+    n_b = groups * S_out * n_c
+    units = N * n_r * n_b * n_v
     if lo < 0:
         v.ctx[RUN_EXTENT] = units
         return OK
     lo, hi = span(lo, hi, units)
-    if mode == FWD:        # w[co, c, i, j]: rows co, channels c
-        wm, wc, wi, wj, w0, wg = Cr * T, T, kw, 1, 0, Og * Cr * T
-    else:                  # w[co, c, kh-1-i, kw-1-j] read as rows c, channels co
-        wm, wc, wi, wj, w0, wg = T, Og * T, -kw, -1, T - 1, Cr * Og * T
     x, w, out = operand(v, n, 2), operand(v, n, 1), output(v, n)
     for u in range(lo, hi):
-        b = u % n_v
+        q0 = min((u % n_v) * width, OW - width)
         u //= n_v
-        c = u % (groups * n_c)
-        u //= groups * n_c
+        c = u % n_b
+        u //= n_b
         r0 = min((u % n_r) * R, OH - R)
         img = u // n_r
-        grp = c // n_c
+        grp = c // (S_out * n_c)
+        ph = c // n_c % S_out
         m0 = min((c % n_c) * MR, Og - MR)
-        q0 = min(b * width, OW - width)
-        _fma(f, data_pointer(x[((img * Ci + grp * Cr) * Hp + r0) * Wp + q0:]),
-             data_pointer(w[grp * wg + m0 * wm + w0:]),
-             data_pointer(out[((img * Co + grp * Og + m0) * OH + r0) * OW + q0:]),
-             kh, kw, Cr, dh * Wp, dw, Hp * Wp, wi, wj, wc, wm, Wp, OH * OW, OW)
+        first = 0
+        for pa in range(sh if mode == FWD else 1):
+            for pb in range(sw if mode == FWD else 1):
+                a, b = (pa, pb) if mode == FWD else (ph // sw, ph % sw)
+                n_i, n_j = (kh - a + sh - 1) // sh, (kw - b + sw - 1) // sw
+                if mode == FWD:        # w[co, c, i*sh + a, j*sw + b]: rows co, channels c
+                    if n_i == 0 or n_j == 0:
+                        continue
+                    xo = ((img * Ci + grp * Cr * S + a * sw + b) * Hp + r0) * Wp + q0
+                    wo = (grp * Og + m0) * Cr * T + a * kw + b
+                    wm, wc, wi, wj = Cr * T, T, sh * kw, sw
+                    oo = ((img * Co + grp * Og + m0) * OH + r0) * OW + q0
+                    om = OH * OW
+                else:                  # w[co, c, (n_i-1-i)*sh + a, ...]: rows c, channels co (no tap: zeros)
+                    xo = ((img * Ci + grp * Cr) * Hp + r0 + (ti + 1 - n_i) * dh) * Wp + q0 + (tj + 1 - n_j) * dw
+                    wo = grp * Cr * Og * T + m0 * T + ((n_i - 1) * sh + a) * kw + (n_j - 1) * sw + b
+                    if n_i == 0 or n_j == 0:
+                        xo, wo = 0, 0
+                    wm, wc, wi, wj = T, Og * T, -sh * kw, -sw
+                    oo = ((img * Co + (grp * Og + m0) * S + ph) * OH + r0) * OW + q0
+                    om = S * OH * OW
+                _fma(f, data_pointer(x[xo:]), data_pointer(w[wo:]), data_pointer(out[oo:]), n_i, n_j, Cr,
+                     dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om, OW, first)
+                first = 1
     return OK
 
 
@@ -391,64 +267,79 @@ def _run_conv2d(n, lo, hi, ctx, mem, store):
 
 
 @njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64), cache=True)
-def conv_node(G, st, a, w, xp, like, mode, dh, dw, groups, ph, pw, cols, n, k):
-    """conv2d(a, w) reading xp, shaped like ``like``."""
+def conv_node(G, st, a, w, xp, like, mode, dh, dw, groups, p4, p5, kind, n, k):
+    """conv2d(a, w) reading xp, shaped like ``like`` (p4, p5: padding or stride, by kind)."""
     t = grad_node(G, st, CONV2D, a, w, like, n, k)
     G.src[t, 2] = xp
     G.ip[t, 0] = dh
     G.ip[t, 1] = dw
     G.ip[t, 2] = groups
     G.ip[t, 3] = mode
-    G.ip[t, 4] = ph
-    G.ip[t, 5] = pw
-    G.ip[t, 6] = cols
-    G.ip[t, DOT_K] = G.shape[xp, 1] // groups * G.shape[w, 2] * G.shape[w, 3]
+    G.ip[t, 4] = p4
+    G.ip[t, 5] = p5
+    G.ip[t, 6] = kind
+    phases = p4 * p5 if kind == PHASES else 1
+    G.ip[t, DOT_K] = G.shape[xp, 1] // groups * G.shape[w, 2] * G.shape[w, 3] // phases
     return t
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64), cache=True)
-def pad_node(G, st, a, ph, pw, n, k):
-    """a zero-padded by (ph, pw): an im2col with a 1x1 kernel (a itself when there is no padding)."""
-    if ph == 0 and pw == 0:
-        return a
-    t = grad_node(G, st, IM2COL, a, -1, a, n, k)
-    G.shape[t, 2] += 2 * ph
-    G.shape[t, 3] += 2 * pw
-    for q in range(8):
-        G.ip[t, q] = 1
-    G.ip[t, 4] = ph
-    G.ip[t, 5] = pw
-    return t
-
-
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64), cache=True)
-def weight_node(G, st, g, xp, like, mode, dh, dw, groups, n):
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64), cache=True)
+def weight_node(G, st, g, xp, like, mode, dh, dw, groups, sh, sw, n):
     t = grad_node(G, st, CONV2D_WEIGHT, g, xp, like, n, 1)
     G.ip[t, 0] = dh
     G.ip[t, 1] = dw
     G.ip[t, 2] = groups
     G.ip[t, 3] = mode
+    G.ip[t, 4] = sh
+    G.ip[t, 5] = sw
     G.ip[t, DOT_K] = G.shape[g, 0] * G.shape[g, 2] * G.shape[g, 3]
+    return t
+
+
+@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
+def windows_grad(G, st, g, w, x, phases, groups, n, k):
+    """dx of a strided convolution over x's phases, through its windows: col2im of the 1x1
+    FLIP product of g with w seen as (C_out, C_in/groups*kh*kw, 1, 1).  Measured faster than
+    each phase's own FLIP product, whose planes are one row and column wider than g."""
+    kh, kw = G.shape[w, 2], G.shape[w, 3]
+    wv = new_node(G, st, RESHAPE, w, -1, w, F_GRAD, n, k)
+    G.shape[wv, 1] *= kh * kw
+    G.shape[wv, 2] = 1
+    G.shape[wv, 3] = 1
+    d = conv_node(G, st, g, wv, g, g, FLIP, 1, 1, groups, 0, 0, DIRECT, n, k)
+    G.shape[d, 1] = G.shape[wv, 1] * groups
+    t = windows_node(G, st, COL2IM, d, x, phases, n, k)
+    G.ip[t, 0] = kh                      # the phases' stride and padding, the kernel's size
+    G.ip[t, 1] = kw
     return t
 
 
 def _vjp_conv2d(n, k, g, ctx):
     """y = conv(x, w): dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded by
-    d(k-1) - p (or col2im of the 1x1 FLIP product, for windows).  A FLIP node's own input
-    gradient is the FWD convolution of its gradient with the padding it undid."""
+    d(k-1) - p; for phases, the phases' FLIP (then col2im); for windows, col2im of the 1x1
+    FLIP product.  A FLIP node's own input gradient is the FWD convolution of its gradient."""
     G, st = rule_view(ctx)
     x, w, xp = G.src[n, 0], G.src[n, 1], G.src[n, 2]
-    dh, dw, groups, mode = G.ip[n, 0], G.ip[n, 1], G.ip[n, 2], G.ip[n, 3]
+    dh, dw, groups, mode, kind = G.ip[n, 0], G.ip[n, 1], G.ip[n, 2], G.ip[n, 3], G.ip[n, 6]
+    sh, sw = (G.ip[n, 4], G.ip[n, 5]) if kind == PHASES else (1, 1)
     if k == 2:
         return NO_CONTRIBUTION
     if k == 1:
-        return weight_node(G, st, g, xp, w, mode, dh, dw, groups, n)
-    if G.ip[n, 6] == 1:                                   # windows: back onto them, then col2im
-        d = conv_node(G, st, g, w, g, xp, FLIP, 1, 1, groups, 0, 0, 0, n, k)
+        return weight_node(G, st, g, xp, w, mode, dh, dw, groups, sh, sw, n)
+    if kind == WINDOWS:                                   # back onto the windows, then col2im
+        d = conv_node(G, st, g, w, g, xp, FLIP, 1, 1, groups, 0, 0, DIRECT, n, k)
         return windows_node(G, st, COL2IM, d, x, xp, n, k)
+    if kind == PHASES:
+        if mode == FLIP:
+            return conv_node(G, st, g, w, g, x, FWD, 1, 1, groups, sh, sw, PHASES, n, k)
+        if x != xp:              # the phases of x: dx = col2im of the windows' gradient (as for windows)
+            return windows_grad(G, st, g, w, x, xp, groups, n, k)
+        Pi, Pj = (G.shape[w, 2] - 1) // sh, (G.shape[w, 3] - 1) // sw     # phases as such: their gradient
+        return conv_node(G, st, g, w, pad_node(G, st, g, Pi, Pj, n, k), xp, FLIP, 1, 1, groups, sh, sw, PHASES, n, k)
     qh = dh * (G.shape[w, 2] - 1) - G.ip[n, 4]
     qw = dw * (G.shape[w, 3] - 1) - G.ip[n, 5]
-    return conv_node(G, st, g, w, pad_node(G, st, g, qh, qw, n, k), x, 1 - mode, dh, dw, groups, qh, qw, 0, n, k)
+    return conv_node(G, st, g, w, pad_node(G, st, g, qh, qw, n, k), x, 1 - mode, dh, dw, groups, qh, qw, DIRECT,
+                     n, k)
 
 
 defop(CONV2D, "conv2d", conv2d, _run_conv2d, _vjp_conv2d, arity=3, cost=COMPUTE, flops=DOT, split=CUSTOM)
@@ -462,28 +353,30 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
     (groups: c counts within co's group).  ``flip``: the gradient of a FLIP convolution
     (g has the input's channels, xp the output's; taps flipped)."""
     g, xp = need_tensor(g, "conv2d_weight"), need_tensor(xp, "conv2d_weight")
-    k, d = _pair(kernel_size, "conv2d_weight", "kernel_size", 1), _pair(dilation, "conv2d_weight", "dilation", 1)
+    k, d = int_pair(kernel_size, "conv2d_weight", "kernel_size", 1), int_pair(dilation, "conv2d_weight", "dilation", 1)
     if g.ndim != 4 or xp.ndim != 4 or g.shape[0] != xp.shape[0] or g.shape[1] % groups or xp.shape[1] % groups \
             or g.shape[2:] != (xp.shape[2] - d[0] * (k[0] - 1), xp.shape[3] - d[1] * (k[1] - 1)):
         raise GraphError(f"conv2d_weight: gradient {g.label!r} {g.shape} does not fit input {xp.label!r} {xp.shape} "
                          f"with kernel {k}, dilation {d}, groups {groups}")
     rows, cols = (xp.shape[1], g.shape[1] // groups) if flip else (g.shape[1], xp.shape[1] // groups)
     return g.graph._node(CONV2D_WEIGHT, (g.id, xp.id), (rows, cols) + k,
-                         ip=d + (groups, FLIP if flip else FWD, 0, 0, 0, g.shape[0] * g.shape[2] * g.shape[3]))
+                         ip=d + (groups, FLIP if flip else FWD, 1, 1, 0, g.shape[0] * g.shape[2] * g.shape[3]))
 
 
 D0, D1 = dot_tile(4, 4, True), dot_tile(4, 4, False)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _tap(t, kh, kw, dh, dw, Hp, Wp, T, mode, xc):
-    """(input offset, output offset) of tap t = (channel, i, j) of a weight gradient."""
-    c = t // T
-    i = (t // kw) % kh
-    j = t % kw
-    if mode == FWD:
-        return c * Hp * Wp + i * dh * Wp + j * dw, t
-    return c * Hp * Wp + i * dh * Wp + j * dw, c * xc + T - 1 - i * kw - j
+def _tap(t, q, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Cw, mode):
+    """(input offset, output offset) of tap t = (channel, i, j) of phase (a, b) of a weight
+    gradient (q = n_i * n_j taps a channel)."""
+    c = t // q
+    i = t % q // n_j
+    j = t % n_j
+    at = (i * sh + a) * kw + j * sw + b
+    if mode == FWD:            # channel c of the input, phase (a, b)
+        return (c * S + a * sw + b) * Hp * Wp + i * dh * Wp + j * dw, c * T + at
+    return c * Hp * Wp + (ti - i) * dh * Wp + (tj - j) * dw, c * Cw * T + at
 
 
 @njit(cache=True, error_model="numpy")
@@ -491,16 +384,18 @@ def weight_blocks(v, n, lo, hi):
     """conv2d_weight: units are blocks of 4 rows (output channels, or input channels for
     FLIP) of one group, each summed over every image and position in a fixed order."""
     gs, xs = v.src[n, 0], v.src[n, 1]
-    N, Ci, Hp, Wp = v.shape[xs, 0], v.shape[xs, 1], v.shape[xs, 2], v.shape[xs, 3]
-    Cg, OH, OW = v.shape[gs, 1], v.shape[gs, 2], v.shape[gs, 3]
+    N, Ci, Cg = v.shape[xs, 0], v.shape[xs, 1], v.shape[gs, 1]
     kh, kw = v.shape[n, 2], v.shape[n, 3]
     dh, dw, groups, mode = v.ip[n, 0], v.ip[n, 1], v.ip[n, 2], v.ip[n, 3]
-    T = kh * kw
-    Mg, Cr = Cg // groups, Ci // groups               # gradient rows and input channels per group
-    if T == 1 and Hp == OH and Wp == OW:              # every position of an unpadded input: one row an image
-        Hp, Wp, OH, OW = 1, Hp * Wp, 1, OH * OW
-    rows, cols = (Cg, Cr) if mode == FWD else (Ci, Mg)
-    if OH != Hp - dh * (kh - 1) or OW != Wp - dw * (kw - 1) or Cg % groups or Ci % groups or v.shape[gs, 0] != N \
+    sh, sw, Pi, Pj = _spans(PHASES if v.ip[n, 4] > 1 or v.ip[n, 5] > 1 else DIRECT, v.ip[n, 4], v.ip[n, 5], kh, kw,
+                            dh, dw)
+    Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2], v.shape[xs, 3], v.shape[gs, 2], v.shape[gs, 3])
+    S, T = sh * sw, kh * kw
+    ti, tj = (kh - 1) // sh, (kw - 1) // sw
+    S_in, S_g = (S, 1) if mode == FWD else (1, S)         # phases in the input (FWD) or in g (FLIP)
+    Mg, Cr = Cg // S_g // groups, Ci // S_in // groups    # gradient rows and input channels per group
+    rows, cols = (Mg * groups, Cr) if mode == FWD else (Ci, Mg)
+    if OH != Hp - Pi or OW != Wp - Pj or Cg % (S_g * groups) or Ci % (S_in * groups) or v.shape[gs, 0] != N \
             or v.shape[n, 0] != rows or v.shape[n, 1] != cols:
         return ERR_BAD_NODE
     n_m = (Mg + 3) // 4
@@ -508,44 +403,43 @@ def weight_blocks(v, n, lo, hi):
         v.ctx[RUN_EXTENT] = groups * n_m
         return OK
     lo, hi = span(lo, hi, groups * n_m)
-    L = VECTOR_BYTES // v.mem.itemsize
-    vec = OW >= L
-    # FWD: out[co, c, i, j], row co (g's channel), taps (c, i, j) of the group;
-    # FLIP: out[co, c, kh-1-i, kw-1-j], row c (g's channel), taps (co, i, j)
-    om, xc = (Cr * T, 0) if mode == FWD else (T, Mg * T)
-    chunk = max(1, CHUNK_BYTES // ((Cr * Hp * Wp + 4 * OH * OW) * v.mem.itemsize))
+    vec = OW >= VECTOR_BYTES // v.mem.itemsize
+    om = Cr * T if mode == FWD else T     # FWD: out[co, c, i, j], rows co; FLIP: out[co, c, ...], rows c
+    chunk = max(1, CHUNK_BYTES // ((Cr * S_in * Hp * Wp + 4 * S_g * OH * OW) * v.mem.itemsize))
     g, x, out = operand(v, n, 0), operand(v, n, 1), output(v, n)
-    K = Cr * T
     for u in range(lo, hi):
         grp = u // n_m
         m0 = (u % n_m) * 4
         mv = min(4, Mg - m0)
-        if mode == FWD:
-            base = (grp * Mg + m0) * om
-            for q in range(mv * om):
-                out[base + q] = 0.0
-        else:
-            base = grp * Cr * Mg * T + m0 * T
-            for co in range(Cr):
-                for q in range(mv * T):
-                    out[base + co * Mg * T + q] = 0.0
-        o = out[base:]
+        base = (grp * Mg + m0) * om if mode == FWD else grp * Cr * Mg * T + m0 * T
+        for co in range(1 if mode == FWD else Cr):
+            for q in range(mv * (om if mode == FWD else T)):
+                out[base + co * Mg * T + q] = 0.0
+        o = data_pointer(out[base:])
         for i0 in range(0, N, chunk):
             ni = min(chunk, N - i0)
-            gp = data_pointer(g[((i0 * Cg) + grp * Mg + m0) * OH * OW:])
-            xp = data_pointer(x[(i0 * Ci + grp * Cr) * Hp * Wp:])
-            for t0 in range(0, K, 4):
-                kv = min(4, K - t0)
-                a0, b0 = _tap(t0, kh, kw, dh, dw, Hp, Wp, T, mode, xc)
-                a1, b1 = _tap(min(t0 + 1, K - 1), kh, kw, dh, dw, Hp, Wp, T, mode, xc)
-                a2, b2 = _tap(min(t0 + 2, K - 1), kh, kw, dh, dw, Hp, Wp, T, mode, xc)
-                a3, b3 = _tap(min(t0 + 3, K - 1), kh, kw, dh, dw, Hp, Wp, T, mode, xc)
-                if vec:
-                    D0(gp, xp, data_pointer(o), (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, OH * OW, om, ni,
-                       Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
-                else:
-                    D1(gp, xp, data_pointer(o), (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, OH * OW, om, ni,
-                       Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
+            xp = data_pointer(x[(i0 * Ci + grp * Cr * S_in) * Hp * Wp:])
+            for a in range(sh):
+                for b in range(sw):
+                    n_i, n_j = (kh - a + sh - 1) // sh, (kw - b + sw - 1) // sw
+                    K = Cr * n_i * n_j
+                    ph = 0 if mode == FWD else a * sw + b
+                    gp = data_pointer(g[((i0 * Cg) + (grp * Mg + m0) * S_g + ph) * OH * OW:])
+                    for t0 in range(0, K, 4):
+                        kv = min(4, K - t0)
+                        a0, b0 = _tap(t0, n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Mg, mode)
+                        a1, b1 = _tap(min(t0 + 1, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
+                                      tj, Mg, mode)
+                        a2, b2 = _tap(min(t0 + 2, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
+                                      tj, Mg, mode)
+                        a3, b3 = _tap(min(t0 + 3, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
+                                      tj, Mg, mode)
+                        if vec:
+                            D0(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
+                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
+                        else:
+                            D1(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
+                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
     return OK
 
 
@@ -555,15 +449,24 @@ def _run_conv2d_weight(n, lo, hi, ctx, mem, store):
 
 def _vjp_conv2d_weight(n, k, h, ctx):
     """dw = W(g, xp), bilinear.  FWD: through g, the FWD convolution of xp with h; through xp,
-    the FLIP convolution of g padded by d(k-1) with h.  FLIP: through g, the FLIP convolution
-    of xp with h; through xp, the FWD convolution of g padded by d(k-1) with h."""
+    the FLIP convolution of g padded by the reach with h.  FLIP: through g, the FLIP
+    convolution of xp with h; through xp, the FWD convolution of g padded by the reach."""
     G, st = rule_view(ctx)
     g, xp = G.src[n, 0], G.src[n, 1]
-    dh, dw, groups, mode = G.ip[n, 0], G.ip[n, 1], G.ip[n, 2], G.ip[n, 3]
+    dh, dw, groups, mode, sh, sw = G.ip[n, 0], G.ip[n, 1], G.ip[n, 2], G.ip[n, 3], G.ip[n, 4], G.ip[n, 5]
+    kind = PHASES if sh > 1 or sw > 1 else DIRECT
+    kh, kw = G.shape[n, 2], G.shape[n, 3]
+    qh, qw = ((kh - 1) // sh, (kw - 1) // sw) if kind == PHASES else (dh * (kh - 1), dw * (kw - 1))
+    p4, p5 = (sh, sw) if kind == PHASES else (0, 0)
     if k == 0:
-        return conv_node(G, st, xp, h, xp, g, mode, dh, dw, groups, 0, 0, 0, n, k)
-    qh, qw = dh * (G.shape[n, 2] - 1), dw * (G.shape[n, 3] - 1)
-    return conv_node(G, st, g, h, pad_node(G, st, g, qh, qw, n, k), xp, 1 - mode, dh, dw, groups, qh, qw, 0, n, k)
+        if mode == FWD or kind == DIRECT:
+            return conv_node(G, st, xp, h, xp, g, mode, dh, dw, groups, p4, p5, kind, n, k)
+        x = G.src[xp, 0] if G.op[xp] == IM2COL else xp      # the FLIP's unpadded input
+        return conv_node(G, st, x, h, xp, g, FLIP, dh, dw, groups, p4, p5, kind, n, k)
+    gp = pad_node(G, st, g, qh, qw, n, k)
+    if kind == DIRECT:
+        return conv_node(G, st, g, h, gp, xp, 1 - mode, dh, dw, groups, qh, qw, kind, n, k)
+    return conv_node(G, st, gp if mode == FLIP else g, h, gp, xp, 1 - mode, dh, dw, groups, p4, p5, kind, n, k)
 
 
 defop(CONV2D_WEIGHT, "conv2d_weight", conv2d_weight, _run_conv2d_weight, _vjp_conv2d_weight, arity=2, cost=COMPUTE,

@@ -27,7 +27,7 @@ from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
 from ..registry import CUSTOM, defop
 from ..status import NO_CONTRIBUTION, OK
 from .common import need_tensor
-from .conv import _pair, out_size, valid_columns
+from .windows import int_pair, out_size, valid_columns
 
 __all__ = ["max_pool2d", "avg_pool2d"]
 
@@ -47,9 +47,9 @@ def _window(x: Tensor, kernel_size: Pair, stride: Union[None, Pair], padding: Pa
 
 def _windows(shape: tuple, label: str, kernel_size: Pair, stride: Union[None, Pair], padding: Pair,
              what: str) -> Tuple[tuple, tuple]:
-    k = _pair(kernel_size, what, "kernel_size", 1)
-    s = k if stride is None else _pair(stride, what, "stride", 1)
-    p = _pair(padding, what, "padding", 0)
+    k = int_pair(kernel_size, what, "kernel_size", 1)
+    s = k if stride is None else int_pair(stride, what, "stride", 1)
+    p = int_pair(padding, what, "padding", 0)
     if p[0] > k[0] // 2 or p[1] > k[1] // 2:
         raise GraphError(f"{what}: padding {p} of {label!r} must be at most half the kernel {k}")
     N, C, H, W = shape
@@ -89,7 +89,7 @@ def avg_pool2d_d(g: Tensor, size: Pair, kernel_size: Pair, stride: Union[None, P
                  padding: Pair = 0) -> Tensor:
     """avg_pool2d's gradient: g / (kh*kw) added over each window of an input of ``size`` (H, W)."""
     g = need_tensor(g, "avg_pool2d_d")
-    shape = g.shape[:2] + _pair(size, "avg_pool2d_d", "size", 1) if g.ndim == 4 else g.shape
+    shape = g.shape[:2] + int_pair(size, "avg_pool2d_d", "size", 1) if g.ndim == 4 else g.shape
     ip, pooled = _windows(shape, g.label, kernel_size, stride, padding, "avg_pool2d_d")
     if g.shape != pooled:
         raise GraphError(f"avg_pool2d_d: gradient {g.label!r} {g.shape} must have the pooled shape {pooled} of "
