@@ -66,6 +66,8 @@ def _draw_instruction(draw, family, op, vals):
     case = REF[op]
     i = _value(draw, vals)
     a = vals[i]
+    if op == "layer_norm_affine":                         # the value's rows, a weight and a bias
+        return op, (("v", i, "any"), ("p", (a[1],)), ("p", (a[1],))), dict(case.kw)
     if family in ("unary", "rowwise"):
         return op, (("v", i, case.domain),), dict(case.kw)
     if family == "rowpair":                               # a gradient and a same-shaped value

@@ -393,6 +393,8 @@ REF = {
                             lambda r: [u(4, 5)(r), masses(4, 5)(r), np.array(0.7)], "loss"),
     "layer_norm": Case(lambda x, eps: norm(x, eps, True), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
     "rms_norm": Case(lambda x, eps: norm(x, eps, False), one(u(3, 6)), "rowwise", dict(eps=1e-5)),
+    "layer_norm_affine": Case(lambda x, w, b, eps: norm(x, eps, True) * w + b,
+                              lambda r: [u(2, 3, 6)(r), u(6)(r), u(6)(r)], "rowwise", dict(eps=1e-5)),
     "softmax_d": Case(lambda g, y, axis: y * (g - (g * y).sum(axis, keepdims=True)),
                       lambda r: [u(3, 5)(r), softmax(u(3, 5)(r))], "rowpair", dict(axis=-1)),
     "log_softmax_d": Case(lambda g, y, axis: g - np.exp(y) * g.sum(axis, keepdims=True),

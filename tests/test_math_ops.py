@@ -98,6 +98,44 @@ def test_layer_norm_affine_matches_numpy_and_finite_differences():
                                (x - mu) / np.sqrt(var + 1e-5) + b, rtol=1e-12)
 
 
+def _ln_graph(fused):
+    """A loss through layer_norm with weight and bias: one fused node, or norm, mul and add."""
+    rng = np.random.default_rng(7)                      # the same values for both graphs
+    g = jg.Graph(np.float64)
+    x = g.param(rng.standard_normal((4, 6, 8)), name="x")
+    w, b = g.param(rng.standard_normal(8), name="w"), g.param(rng.standard_normal(8), name="b")
+    y = jg.layer_norm(x, 1e-5, weight=w, bias=b) if fused else jg.layer_norm(x, 1e-5) * w + b
+    return jg.build_forward(jg.sum(jg.sqr(jg.tanh(y @ g.const(rng.standard_normal((8, 8))))))), (x, w, b)
+
+
+def test_layer_norm_with_weight_and_bias_is_one_node_equal_to_the_composition():
+    fused, params = _ln_graph(True)
+    names = [n["op"] for n in fused.nodes()]
+    assert names.count("layer_norm_affine") == 1 and "layer_norm" not in names, names
+    fused_bwd = jg.build_backward(fused)
+    fused_bwd.run()
+    fused_grads = [p.grad.copy() for p in params]
+    composed, params = _ln_graph(False)
+    composed_bwd = jg.build_backward(composed)
+    composed_bwd.run()
+    np.testing.assert_allclose(fused.run(), composed.run(), rtol=1e-14)
+    for a, p in zip(fused_grads, params):
+        np.testing.assert_allclose(a, p.grad, rtol=1e-12, atol=1e-13, err_msg=p.label)
+    # the fused node's backward keeps x only: the normalized rows are not stored
+    assert fused_bwd.stats()["peak_bytes"] < composed_bwd.stats()["peak_bytes"]
+
+
+def test_second_order_through_layer_norm_affine():
+    """A Hessian-vector product through the fused node's three gradients."""
+    xb, v = RNG.standard_normal((3, 5)), RNG.standard_normal((3, 5))
+
+    def hvp_fn(x, w, b):
+        gx, gw, gb = jg.grad(jg.sum(jg.sin(jg.layer_norm(x, 1e-5, weight=w, bias=b)) * x), [x, w, b])
+        return jg.sum(gx * x.graph.const(v)) + jg.sum(gw * gw) + jg.sum(gb * w)
+    res = jg.check_grads(hvp_fn, [xb, RNG.standard_normal(5), RNG.standard_normal(5)])
+    assert res.ok, res
+
+
 def test_bad_arguments_name_the_tensor():
     g = jg.Graph(np.float64)
     t = g.input((2, 3), name="t")

@@ -1,5 +1,6 @@
-"""layer_norm and rms_norm over the last axis, their fused backward kernels, and
-norm_rstd (the per-row 1/std that second derivatives need).
+"""layer_norm (with or without its affine weight and bias) and rms_norm over the last
+axis, their fused backward kernels, and norm_rstd (the per-row 1/std that second
+derivatives need).
 
 Calling convention: units of work are rows of the last axis (split ROWS); eps is
 fp[n, 0].  A row's mean and variance are computed in two passes with eight running
@@ -33,6 +34,7 @@ __all__ = ["layer_norm", "rms_norm"]
 
 LAYER_NORM, RMS_NORM, NORM_RSTD = 41, 42, 43
 LAYER_NORM_D, RMS_NORM_D = 51, 52
+LAYER_NORM_AFFINE = 87
 
 
 def _eps(eps: float, what: str) -> float:
@@ -59,18 +61,34 @@ def row_stats(row, eps, center):
 # ---- layer_norm and rms_norm ----------------------------------------------------------------------
 def layer_norm(t: Tensor, eps: float = 1e-5, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Tensor:
     """(t - mean) / sqrt(var + eps) over the last axis, then ``* weight + bias`` when given
-    (tensors of shape (last dim,), PyTorch's elementwise affine; a mul and an add node)."""
-    y = _normed(LAYER_NORM, "layer_norm", t, eps)
-    d = y.shape[-1:]
+    (tensors of shape (last dim,), PyTorch's elementwise affine).  With both, one fused node
+    (its backward keeps only t, not the normalized rows); with one, a mul or an add node."""
+    t = need_tensor(t, "layer_norm")
+    d = t.shape[-1:]
     for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and (not isinstance(p, Tensor) or p.shape != d or p.graph is not y.graph):
-            raise GraphError(f"layer_norm of {y.label!r}: {name} must be a tensor of its graph with shape {d}, "
+        if p is not None and (not isinstance(p, Tensor) or p.shape != d or p.graph is not t.graph):
+            raise GraphError(f"layer_norm of {t.label!r}: {name} must be a tensor of its graph with shape {d}, "
                              f"got {getattr(p, 'label', p)!r} {getattr(p, 'shape', '')}")
+    if weight is not None and bias is not None:
+        return layer_norm_affine(t, weight, bias, eps)
+    y = _normed(LAYER_NORM, "layer_norm", t, eps)
     if weight is not None:
         y = mul(y, weight)
     if bias is not None:
         y = add(y, bias)
     return y
+
+
+def layer_norm_affine(t: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """layer_norm(t, eps) * weight + bias as one node; weight and bias of shape (last dim,)."""
+    t = need_tensor(t, "layer_norm_affine")
+    for name, p in (("weight", weight), ("bias", bias)):
+        p = need_tensor(p, f"layer_norm_affine of {t.label!r}")
+        if t.ndim == 0 or p.shape != t.shape[-1:] or p.graph is not t.graph:
+            raise GraphError(f"layer_norm_affine of {t.label!r} {t.shape}: {name} {p.label!r} {p.shape} must be "
+                             f"a tensor of its graph shaped like its last axis")
+    return t.graph._node(LAYER_NORM_AFFINE, (t.id, weight.id, bias.id), t.shape,
+                         fp=(_eps(eps, f"layer_norm of {t.label!r}"),))
 
 
 def rms_norm(t: Tensor, eps: float = 1e-6) -> Tensor:
@@ -128,6 +146,51 @@ def _vjp_rms_norm(n, k, g, ctx):
 
 
 defop(RMS_NORM, "rms_norm", rms_norm, _run_rms_norm, _vjp_rms_norm, arity=1, cost=COMPUTE, flops=6, split=ROWS)
+
+
+# ---- layer_norm with its affine, fused --------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def norm_affine_rows(out, x, w, b, d, eps, lo, hi):
+    for r in range(lo, hi):
+        y = out[r * d:(r + 1) * d]
+        xs = x[r * d:(r + 1) * d]
+        mu, rstd = row_stats(xs, eps, True)
+        for j in range(d):
+            y[j] = (xs[j] - mu) * rstd * w[j] + b[j]
+    return OK
+
+
+def _run_layer_norm_affine(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    out = output(v, n)
+    d = v.shape[n, 3]
+    lo, hi = span(lo, hi, out.size // d)
+    return norm_affine_rows(out, operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), d, v.fp[n, 0], lo, hi)
+
+
+@njit(cache=True)
+def norm_affine_vjp(G, st, n, k, g):
+    """x: layer_norm_d(g * weight, x); weight: g * layer_norm(x) (recomputed from x, so the
+    forward keeps no normalized rows); bias: g.  Weight and bias are summed down to (D,) by
+    the backward pass, as every broadcast operand is."""
+    x = G.src[n, 0]
+    eps = G.fp[n, 0]
+    if k == 2:
+        return g
+    if k == 1:
+        y = grad_node(G, st, LAYER_NORM, x, -1, x, n, k)
+        G.fp[y, 0] = eps
+        return grad_node(G, st, MUL, g, y, n, n, k)
+    return norm_grad_node(G, st, LAYER_NORM_D, grad_node(G, st, MUL, g, G.src[n, 1], n, n, k), x, eps, n, k)
+
+
+def _vjp_layer_norm_affine(n, k, g, ctx):
+    G, st = rule_view(ctx)
+    return norm_affine_vjp(G, st, n, k, g)
+
+
+defop(LAYER_NORM_AFFINE, "layer_norm_affine", layer_norm_affine, _run_layer_norm_affine, _vjp_layer_norm_affine,
+      arity=3, cost=COMPUTE, flops=10, split=ROWS, public=False)
 
 
 # ---- the fused gradients --------------------------------------------------------------------------
