@@ -15,11 +15,11 @@ def agree(got, ref, tol=TOL):
     return {"ok": finite and diff <= tol, "max_diff_over_scale": diff, "scale": scale}
 
 
-def agreement(jg_loss, jg_grad, refs, grad_of):
+def agreement(jg_loss, jg_grad, refs, grad_of, tol=TOL):
     """Loss and one gradient of jitgraph against each reference {name: (loss, grad)}."""
-    out = {"tolerance": TOL, "grad_of": grad_of}
+    out = {"tolerance": tol, "grad_of": grad_of}
     for name, (loss, grad) in refs.items():
-        a, b = agree(jg_loss, loss), agree(jg_grad, grad)
+        a, b = agree(jg_loss, loss, tol), agree(jg_grad, grad, tol)
         out[name] = {"ok": a["ok"] and b["ok"], "loss": a, "grad": b,
                      "loss_values": [float(jg_loss), float(loss)]}
     return out
