@@ -12,7 +12,9 @@ compiler runtime) or ``tbb`` (the ``tbb`` package).  Numba's thread count is per
 Python thread; a run sets it in the thread that runs.
 """
 import ctypes
+import ctypes.util
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -34,8 +36,16 @@ _blas_limiter: list = []
 
 
 def _layer_available(name: str) -> bool:
-    """Can Numba load the ``omp`` (needs libgomp) or ``tbb`` layer here?"""
+    """Can Numba load the ``omp`` (needs libgomp) or ``tbb`` layer here?
+
+    The ``omp`` layer is looked for, not loaded: loading it loads libgomp, and a PyTorch
+    imported after that shares this libgomp instead of its own, which made its CPU
+    flash attention 40x slower at 2 threads once jitgraph had run (measured).  Numba
+    loads the layer at the first parallel run, after the user's imports."""
     try:
+        if name == "omp":
+            return (importlib.util.find_spec("numba.np.ufunc.omppool") is not None
+                    and ctypes.util.find_library("gomp") is not None)
         if name == "tbb":
             lib = os.path.join(sys.prefix, "lib", "libtbb.so.12")
             if os.path.exists(lib):          # the pip wheel puts libtbb beside Python, off the loader's path

@@ -3,6 +3,9 @@ interpreter splits over threads, forward and gradients, and a small transformer 
 (plain and checkpointed), are bit-identical at 1 and 2 threads; set_num_threads
 rejects counts outside [1, cores]."""
 import math
+import os
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -17,6 +20,7 @@ from jitgraph.threads import BLOCK, max_threads
 from .naive import REF, build, reference
 
 THREADS = (1, 2)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -269,3 +273,22 @@ def test_set_num_threads_accepts_1_to_cores_and_rejects_the_rest():
     t = g.param(np.arange(4.0))
     jg.build_forward(jg.sum(t)).run()
     assert numba.get_num_threads() == 1
+
+
+def test_import_leaves_openmp_to_libraries_imported_later():
+    """``import jitgraph`` must not load libgomp: a PyTorch imported afterwards would share it
+    instead of its own, and its CPU flash attention ran 40x slower at 2 threads once jitgraph
+    had run.  Numba loads its omp layer at the first parallel run; that run still works."""
+    code = ("import jitgraph as jg, numpy as np\n"
+            "maps = lambda: [l for l in open('/proc/self/maps') if 'libgomp' in l]\n"
+            "assert not maps(), maps()\n"
+            "g = jg.Graph(np.float32)\n"
+            "x = g.input((64, 4096), name='x')\n"
+            "jg.set_num_threads(2)\n"
+            "out = jg.build_forward(jg.exp(x)).run({x: np.ones((64, 4096), np.float32)})\n"
+            "assert np.allclose(out, np.e)\n"
+            "import numba\n"
+            "assert numba.threading_layer() != 'omp' or maps()\n")
+    env = dict(os.environ, PYTHONPATH=ROOT, JITGRAPH_QUIET="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
