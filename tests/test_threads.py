@@ -165,6 +165,8 @@ SUMS = {
     "sum over leading axes (a bias gradient)": (dict(axis=(0, 1)), (64, 16, 96)),
     "sum over the last axis": (dict(axis=-1), (2048, 40)),
     "mean over leading axes": (dict(axis=0), (300, 200)),
+    "sum over leading axes in strips of columns": (dict(axis=0), (24, 2500)),     # 2 strips of 1250
+    "sum over leading axes, 3-d, in strips": (dict(axis=(0, 1)), (3, 4, 4100)),  # 4 strips
 }
 
 
@@ -181,6 +183,8 @@ def test_split_sums_are_bit_identical_at_1_and_2_threads(case, dtype):
     fwd = jg.build_forward(s)
     got = at_each_thread_count(lambda: [fwd.run(), np.asarray(bwd.run()), bwd.grad(x)])
     assert_same_bits(got[1], got[2], case)
+    ref = (np.mean if case.startswith("mean") else np.sum)(x.value.astype(np.float64), **kw)
+    np.testing.assert_allclose(got[1][0], ref, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
 
 
 # ---- (b) a transformer block ----------------------------------------------------------------------
