@@ -232,7 +232,7 @@ def prefetch(dtype, codes, rules_too=False) -> None:
 
 
 def runners(dtype, codes):
-    """The runner table of ``dtype`` with every op in ``codes`` compiled."""
+    """The runner table of ``dtype`` with every op in ``codes`` (distinct opcodes) compiled."""
     dtype = np.dtype(dtype)
     table = _runner_tables.get(dtype.name)
     if table is None or table.size < registry.n_codes():
@@ -244,7 +244,7 @@ def runners(dtype, codes):
                     if op.runner is None:
                         table[op.code] = SKIP
                 _runner_tables[dtype.name] = table
-    todo = [int(c) for c in np.unique(codes) if table[c] == MISSING]
+    todo = [int(c) for c in codes if table[c] == MISSING]
     if todo:
         with _lock:
             units = [("run", code, dtype.name) for code in todo if table[code] == MISSING]

@@ -94,6 +94,7 @@ class Program:
         in_order = (nodes.flags[self.order] & F_INPUT) != 0
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
+        self._op_codes = np.unique(nodes.op[self.order])   # once: per run it cost ~10 ns a node
 
     # ---- sizes --------------------------------------------------------------------
     @property
@@ -222,7 +223,7 @@ class Program:
             run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
                       np.zeros(1, np.int64), natives, split)
             _interpreter_ready.add(g.dtype.name)
-        runners = compiler.runners(g.dtype, g.nodes.op[self.order])
+        runners = compiler.runners(g.dtype, self._op_codes)
         enter_run()
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
@@ -247,7 +248,7 @@ class Program:
         nodes = g.nodes
         G = nodes.arrays()
         salt = _salt(seed)
-        runners = compiler.runners(g.dtype, nodes.op[self.order])
+        runners = compiler.runners(g.dtype, self._op_codes)
         args = (self.loc, self.off, self.mem, g.store, salt, runners, compiler.natives(g.dtype), table("split"))
         enter_run()
         clock = time.perf_counter
