@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import GraphError
 from .ir import (F_CONST, F_INDEX, F_INPUT, F_PARAM, MAX_DIMS, NodeTable,
-                 flag_names)
+                 aligned_zeros, flag_names)
 from .order import topo_order
 from .registry import BY_NAME, CONST, INPUT, OPS, PARAM
 from .viz import describe, render_svg, rich_html, to_dot
@@ -158,8 +158,10 @@ class Graph:
         if self._pending:
             with self._store_lock:              # programs may run from several threads
                 if self._pending:
-                    self._store = np.concatenate([self._store[: self._packed]] + self._pending)
-                    self._packed = self._store.size
+                    parts = [self._store[: self._packed]] + self._pending
+                    store = aligned_zeros(sum(p.size for p in parts), self.dtype)
+                    np.concatenate(parts, out=store)
+                    self._store, self._packed = store, store.size
                     self._pending = []
         return self._store
 

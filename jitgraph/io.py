@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import GraphError
 from .graph import Graph, Tensor
-from .ir import FIELDS, F_LEAF, MAX_DIMS, MAX_SRC, N_FP, N_IP
+from .ir import FIELDS, F_LEAF, MAX_DIMS, MAX_SRC, N_FP, N_IP, aligned_zeros
 from .optim import AdamW, Optimizer, SGD
 from .program import BackwardGraph, ForwardGraph, Program
 from .registry import BY_NAME, INPUT, OPS, table
@@ -172,7 +172,8 @@ def _rebuild_graph(path, arrays, meta):
     pad = np.arange(MAX_DIMS)[None, :] < (MAX_DIMS - ndim)[:, None]
     if np.any(shape[pad] != 1):
         _fail(path, "a shape not padded with 1s")
-    store = arrays["store"].astype(g.dtype)
+    store = aligned_zeros(arrays["store"].size, g.dtype)
+    store[:] = arrays["store"]
     flags = ir["flags"].astype(np.int64)
     leaf = (flags & F_LEAF) != 0
     valued = leaf & (op != INPUT)

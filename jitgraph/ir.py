@@ -79,6 +79,19 @@ LOC_ARENA = 0   # the planned, reused arena
 LOC_STORE = 1   # the graph's value store (params, consts)
 LOC_IO = 2      # persistent slots after the arena (inputs, param gradients)
 
+BUFFER_ALIGN = 64   # bytes: where a run buffer and the value store start
+
+
+def aligned_zeros(n, dtype):
+    """``n`` zeros of ``dtype`` starting on a 64-byte boundary.  numpy's big arrays start
+    16 bytes past one (malloc's header), which would misalign every offset the memory plan
+    aligns: measured 5% slower BLAS products and vector loops that straddle cache lines."""
+    dtype = np.dtype(dtype)
+    spare = BUFFER_ALIGN // dtype.itemsize
+    raw = np.zeros(n + spare, dtype)
+    skip = (-raw.ctypes.data % BUFFER_ALIGN) // dtype.itemsize
+    return raw[skip:skip + n]
+
 
 def flag_names(flags):
     return [name for bit, name in FLAG_NAMES if flags & bit]

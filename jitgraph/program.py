@@ -15,7 +15,7 @@ from .cost import total_flops
 from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import run_nodes, run_nodes_debug
-from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, flag_names
+from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, aligned_zeros, flag_names
 from .running import RunningStats, io_slots
 from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
@@ -199,7 +199,7 @@ class Program:
         return self._mem
 
     def _new_buffer(self):
-        return np.zeros(self.arena_elems + self.io_elems, self.graph.dtype)
+        return aligned_zeros(self.arena_elems + self.io_elems, self.graph.dtype)
 
     def _take_buffer(self):
         """A run buffer of its own for one call: runs from several threads never share one."""
