@@ -342,7 +342,19 @@ def _ov_in_dtype_of(arr, c):
 # Numba's wraparound test, which keeps a loop from vectorizing.
 @njit(cache=True, error_model="numpy", inline="always")
 def sum8(x):
-    z = in_dtype_of(x, 0.0)
+    return _sum8(x, in_dtype_of(x, 0.0))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def sum8_f64(x):
+    """sum8 accumulated in float64 whatever x's dtype."""
+    return _sum8(x, 0.0)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _sum8(x, z):
+    """The sum of x with eight running partials starting from z (its type is the
+    accumulator's), combined pairwise at the end."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     m = x.size
     j = 0

@@ -19,7 +19,7 @@ from ..graph import Tensor, check_shape
 from ..ir import F_GRAD
 from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
 from ..registry import COMPUTE, CUSTOM, ROWS, ZERO_GRAD, defop
-from ..vmath import in_dtype_of
+from ..vmath import in_dtype_of, sum8_f64
 from ..status import OK
 from .binary import AFFINE, MUL
 from ..ir import MAX_DIMS
@@ -107,28 +107,6 @@ def layout(sx, mask):
 
 
 @njit(cache=True, error_model="numpy")
-def _row_sum(x):
-    """sum of x in float64 with 8 running sums (a fixed order: deterministic, and LLVM
-    keeps the eight in one vector register)."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    m = x.size
-    j = 0
-    while j + 8 <= m:
-        s0 += x[j]
-        s1 += x[j + 1]
-        s2 += x[j + 2]
-        s3 += x[j + 3]
-        s4 += x[j + 4]
-        s5 += x[j + 5]
-        s6 += x[j + 6]
-        s7 += x[j + 7]
-        j += 8
-    for k in range(j, m):
-        s0 += x[k]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-
-
-@njit(cache=True, error_model="numpy")
 def sum_kernel(out, x, sx, mask, scale, lo, hi):
     """out = scale * sum of x over the masked axes, for output elements [lo, hi) when
     the layout is LEADING or TRAILING (each output element is summed by one call, so
@@ -153,7 +131,7 @@ def sum_kernel(out, x, sx, mask, scale, lo, hi):
         return OK
     if how == LAYOUT_TRAILING:
         for c in range(lo, hi):
-            out[c] = _row_sum(x[c * R:(c + 1) * R]) * scale
+            out[c] = sum8_f64(x[c * R:(c + 1) * R]) * scale
         return OK
     for i in range(out.size):                 # anything else: one call does it all
         out[i] = 0.0
@@ -165,7 +143,7 @@ def sum_kernel(out, x, sx, mask, scale, lo, hi):
             for i2 in range(sx[2]):
                 o = i0 * t0 + i1 * t1 + i2 * t2
                 if t3 == 0:
-                    out[o] += _row_sum(x[i:i + n3])
+                    out[o] += sum8_f64(x[i:i + n3])
                 else:
                     for j in range(n3):
                         out[o + j] += x[i + j]
