@@ -32,37 +32,49 @@ def _grad_sq_norm(grads, g_off, sizes):
     return total
 
 
-@njit(cache=True)
+# The update loops index slices from 0 (an offset index keeps Numba's wraparound test,
+# which stops vectorization) and use numpy's error model (Python's checks every division
+# for zero; eps > 0 and betas < 1 are validated, so none is): 4-5x faster than the
+# offset-indexed loops, with the same arithmetic in the same order -- the same bits.
+@njit(cache=True, error_model="numpy")
 def _sgd_kernel(store, grads, p_off, g_off, sizes, s_off, buf, lr, momentum, dampening, weight_decay,
                 nesterov, scale, first_step):
     for k in range(p_off.size):
-        po, go, so = p_off[k], g_off[k], s_off[k]
-        for i in range(sizes[k]):
-            w = store[po + i]
-            g = grads[go + i] * scale if go >= 0 else 0.0
-            g += weight_decay * w
+        n = sizes[k]
+        w = store[p_off[k]:p_off[k] + n]
+        b = buf[s_off[k]:s_off[k] + n]
+        has_grad = g_off[k] >= 0
+        gk = grads[g_off[k]:g_off[k] + n] if has_grad else grads[:0]
+        for i in range(n):
+            g = gk[i] * scale if has_grad else 0.0
+            g += weight_decay * w[i]
             if momentum != 0.0:
-                b = g if first_step else momentum * buf[so + i] + (1.0 - dampening) * g
-                buf[so + i] = b
-                g = g + momentum * b if nesterov else b
-            store[po + i] = w - lr * g
+                bi = g if first_step else momentum * b[i] + (1.0 - dampening) * g
+                b[i] = bi
+                g = g + momentum * bi if nesterov else bi
+            w[i] = w[i] - lr * g
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _adamw_kernel(store, grads, p_off, g_off, sizes, s_off, m, v, lr, beta1, beta2, eps, weight_decay,
                   step, scale):
     c1 = 1.0 - beta1 ** step
     c2 = 1.0 - beta2 ** step
     for k in range(p_off.size):
-        po, go, so = p_off[k], g_off[k], s_off[k]
-        for i in range(sizes[k]):
-            w = store[po + i] * (1.0 - lr * weight_decay)          # decoupled weight decay
-            g = grads[go + i] * scale if go >= 0 else 0.0
-            mi = beta1 * m[so + i] + (1.0 - beta1) * g
-            vi = beta2 * v[so + i] + (1.0 - beta2) * g * g
-            m[so + i] = mi
-            v[so + i] = vi
-            store[po + i] = w - lr * (mi / c1) / (math.sqrt(vi / c2) + eps)
+        n = sizes[k]
+        w = store[p_off[k]:p_off[k] + n]
+        mk = m[s_off[k]:s_off[k] + n]
+        vk = v[s_off[k]:s_off[k] + n]
+        has_grad = g_off[k] >= 0
+        gk = grads[g_off[k]:g_off[k] + n] if has_grad else grads[:0]
+        for i in range(n):
+            wi = w[i] * (1.0 - lr * weight_decay)          # decoupled weight decay
+            g = gk[i] * scale if has_grad else 0.0
+            mi = beta1 * mk[i] + (1.0 - beta1) * g
+            vi = beta2 * vk[i] + (1.0 - beta2) * g * g
+            mk[i] = mi
+            vk[i] = vi
+            w[i] = wi - lr * (mi / c1) / (math.sqrt(vi / c2) + eps)
 
 
 class Optimizer:
