@@ -17,18 +17,19 @@ from numba import njit
 
 from .errors import GraphError
 from .graph import Graph, Tensor
+from .vmath import dot8_f64
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _grad_sq_norm(grads, g_off, sizes):
+    """The sum of every gradient's squares, in float64 with eight partials per param (a
+    fixed order: deterministic, and it vectorizes)."""
     total = 0.0
     for k in range(g_off.size):
         o = g_off[k]
-        if o < 0:
-            continue
-        for i in range(sizes[k]):
-            v = grads[o + i]
-            total += v * v
+        if o >= 0:
+            g = grads[o:o + sizes[k]]
+            total += dot8_f64(g, g)
     return total
 
 

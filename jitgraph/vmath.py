@@ -377,7 +377,17 @@ def _sum8(x, z):
 @njit(cache=True, error_model="numpy", inline="always")
 def dot8(x, y):
     """sum of x[j] * y[j]."""
-    z = in_dtype_of(x, 0.0)
+    return _dot8(x, y, in_dtype_of(x, 0.0))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def dot8_f64(x, y):
+    """dot8 accumulated in float64 whatever x's dtype."""
+    return _dot8(x, y, 0.0)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _dot8(x, y, z):
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     m = x.size
     j = 0
