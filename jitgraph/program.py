@@ -6,7 +6,7 @@ gradient nodes.
 """
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -95,6 +95,7 @@ class Program:
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
         self._op_codes = np.unique(nodes.op[self.order])   # once: per run it cost ~10 ns a node
+        self._tables: Optional[Tuple[np.ndarray, np.ndarray]] = None    # (runners, natives) once compiled
 
     # ---- sizes --------------------------------------------------------------------
     @property
@@ -215,15 +216,18 @@ class Program:
         self._bind(feeds, mem)
         g = self.graph
         salt = _salt(seed)
-        natives = compiler.natives(g.dtype)
         split = table("split")
-        if g.dtype.name not in _interpreter_ready:
-            # the first run of this dtype: the interpreter compiles (or loads) on an empty
-            # order here, while worker processes compile the kernels build_forward asked for
-            run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
-                      np.zeros(1, np.int64), natives, split)
-            _interpreter_ready.add(g.dtype.name)
-        runners = compiler.runners(g.dtype, self._op_codes)
+        tables = self._tables
+        if tables is None:                     # the first run: compile (or load) what the program uses
+            natives = compiler.natives(g.dtype)
+            if g.dtype.name not in _interpreter_ready:
+                # the first run of this dtype: the interpreter compiles (or loads) on an empty
+                # order here, while worker processes compile the kernels build_forward asked for
+                run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
+                          np.zeros(1, np.int64), natives, split)
+                _interpreter_ready.add(g.dtype.name)
+            tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives)
+        runners, natives = tables
         enter_run()
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
