@@ -217,17 +217,7 @@ class Program:
         g = self.graph
         salt = _salt(seed)
         split = table("split")
-        tables = self._tables
-        if tables is None:                     # the first run: compile (or load) what the program uses
-            natives = compiler.natives(g.dtype)
-            if g.dtype.name not in _interpreter_ready:
-                # the first run of this dtype: the interpreter compiles (or loads) on an empty
-                # order here, while worker processes compile the kernels build_forward asked for
-                run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
-                          np.zeros(1, np.int64), natives, split)
-                _interpreter_ready.add(g.dtype.name)
-            tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives)
-        runners, natives = tables
+        runners, natives = self._kernels(mem, salt, split)
         enter_run()
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
@@ -241,6 +231,22 @@ class Program:
         if self._running is not None:        # once per successful run, never for a failed one
             self._running.apply(mem, g.store)
 
+    def _kernels(self, mem, salt, split):
+        """(runner table, natives) for this program: on its first run the interpreter
+        compiles (or loads) first, while worker processes compile the kernels build_forward
+        asked for; then the kernels it uses are waited for.  Kept: asking again each run
+        cost ~8 us."""
+        tables = self._tables
+        if tables is None:
+            g = self.graph
+            natives = compiler.natives(g.dtype)
+            if g.dtype.name not in _interpreter_ready:
+                run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
+                          np.zeros(1, np.int64), natives, split)
+                _interpreter_ready.add(g.dtype.name)
+            tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives)
+        return tables
+
     def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
         """Where a run's time goes, by op: every node is run alone (in order, ``repeats``
         times, the fastest kept, minus the cost of an empty call) and the times summed per
@@ -252,8 +258,9 @@ class Program:
         nodes = g.nodes
         G = nodes.arrays()
         salt = _salt(seed)
-        runners = compiler.runners(g.dtype, self._op_codes)
-        args = (self.loc, self.off, self.mem, g.store, salt, runners, compiler.natives(g.dtype), table("split"))
+        split = table("split")
+        runners, natives = self._kernels(self.mem, salt, split)
+        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split)
         enter_run()
         clock = time.perf_counter
         empty = self.order[:0]
