@@ -49,11 +49,23 @@ def _fma(typingctx, a, b, c):
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
+@njit(cache=True, inline="always")
+def _horner(x, c):
+    """c[0] x^k + c[1] x^(k-1) + ... + c[k] by Horner's rule, each step one _fma; c a
+    tuple of float32 coefficients, highest power first."""
+    p = c[0]
+    for i in range(1, len(c)):
+        p = _fma(p, x, c[i])
+    return p
+
+
 _LOG2E = F(1.4426950408889634)
 _LN2_HI = F(0.693145751953125)          # ln 2 split so that n * _LN2_HI is exact
 _LN2_LO = F(1.4286068203094173e-06)
 _EXP_MAX = F(88.72283)                  # above: +inf
 _EXP_MIN = F(-87.33654)                 # below: 0 (no subnormal results)
+_EXP_TAYLOR = tuple(F(1.0 / math.factorial(k)) for k in range(7, -1, -1))     # 1/7!, ..., 1/1!, 1/0!
+_LOG_ATANH = tuple(F(2.0 / k) for k in range(11, 0, -2))                    # 2/11, 2/9, ..., 2/1
 
 
 @njit(cache=True, inline="always")
@@ -65,13 +77,7 @@ def _exp_reduced(x, n):
 @njit(cache=True, inline="always")
 def _exp_poly(r):
     """e^r for |r| <= ln 2 / 2 (a little more is fine): Taylor to degree 7."""
-    p = _fma(F(1.0 / 5040.0), r, F(1.0 / 720.0))
-    p = _fma(p, r, F(1.0 / 120.0))
-    p = _fma(p, r, F(1.0 / 24.0))
-    p = _fma(p, r, F(1.0 / 6.0))
-    p = _fma(p, r, F(0.5))
-    p = _fma(p, r, F(1.0))
-    return _fma(p, r, F(1.0))
+    return _horner(r, _EXP_TAYLOR)
 
 
 @njit(cache=True, inline="always")
@@ -115,11 +121,7 @@ def _log32(x):
     e = e + 1 if big else e
     s = (m - F(1.0)) / (m + F(1.0))                           # log m = 2 atanh s
     s2 = s * s
-    p = _fma(F(2.0 / 11.0), s2, F(2.0 / 9.0))
-    p = _fma(p, s2, F(2.0 / 7.0))
-    p = _fma(p, s2, F(2.0 / 5.0))
-    p = _fma(p, s2, F(2.0 / 3.0))
-    p = _fma(p, s2, F(2.0))
+    p = _horner(s2, _LOG_ATANH)
     fe = F(e)
     y = fe * _LN2_HI + (s * p + fe * _LN2_LO)
     y = F(-np.inf) if x == F(0.0) else y
@@ -131,19 +133,14 @@ def _log32(x):
 # tanh(x)/x on |x| < 0.625 as a polynomial in x^2 (fitted here, like erfc's below)
 _TANH = (0.9999999998993981, -0.3333333059853887, 0.1333321250130512, -0.05394824008061744,
          0.021710729312141845, -0.00820527300544239, 0.002170495320989423)
-_T0, _T1, _T2, _T3, _T4, _T5, _T6 = (F(c) for c in _TANH)
+_TANH32 = tuple(F(c) for c in reversed(_TANH))       # for _horner: highest power first
 
 
 @njit(cache=True, inline="always")
 def _tanh32(x):
     a = abs(x)
     x2 = x * x
-    p = _fma(_T6, x2, _T5)
-    p = _fma(p, x2, _T4)
-    p = _fma(p, x2, _T3)
-    p = _fma(p, x2, _T2)
-    p = _fma(p, x2, _T1)
-    p = _fma(p, x2, _T0)
+    p = _horner(x2, _TANH32)
     small = x * p                         # x * (...): tanh(-0) stays -0
     big = F(1.0) - F(2.0) / (_exp32(F(2.0) * a) + F(1.0))
     big = big if x >= F(0.0) else -big
@@ -160,11 +157,11 @@ def _sigmoid32(x):
 _ERFCX = (0.5720119813342145, 0.32622244111768683, 0.10202944792599328, 0.005963686027814269,
           -0.0061510533159921535, -0.0006230153617300622, 0.0005864795772324044, 9.448284960456546e-06,
           -5.391053064047889e-05, 4.442073883584901e-06)
-_Q0, _Q1, _Q2, _Q3, _Q4, _Q5, _Q6, _Q7, _Q8, _Q9 = (F(c) for c in _ERFCX)
+_ERFCX32 = tuple(F(c) for c in reversed(_ERFCX))
 # erf(z)/z on |z| < 0.55 as a polynomial in z^2, for the CDF near 0 (no erfc cancellation)
 _ERF = (1.1283791670674093, -0.37612638176169666, 0.11283761491607566, -0.026861616769858723,
         0.005192979050803424, -0.0007569806635277428)
-_R0, _R1, _R2, _R3, _R4, _R5 = (F(c) for c in _ERF)
+_ERF32 = tuple(F(c) for c in reversed(_ERF))
 
 
 @njit(cache=True, inline="always")
@@ -187,24 +184,12 @@ def _normal32(x):
     erfc(z) = t Q(s) e^{-z^2}, and phi = e^{-x^2/2} / sqrt(2 pi), sharing e^{-x^2/2}."""
     t = F(1.0) / (F(1.0) + F(0.5) * (abs(x) * F(0.7071067811865476)))
     s = _fma(F(2.4), t, F(-1.4))
-    q = _fma(_Q9, s, _Q8)
-    q = _fma(q, s, _Q7)
-    q = _fma(q, s, _Q6)
-    q = _fma(q, s, _Q5)
-    q = _fma(q, s, _Q4)
-    q = _fma(q, s, _Q3)
-    q = _fma(q, s, _Q2)
-    q = _fma(q, s, _Q1)
-    q = _fma(q, s, _Q0)
+    q = _horner(s, _ERFCX32)
     e = _exp_half_sq32(x)
     h = F(0.5) * t * q * e
     z = x * F(0.7071067811865476)         # |x| < 0.75: 0.5 + erf(z) / 2 with erf's odd series
     z2 = z * z
-    r = _fma(_R5, z2, _R4)
-    r = _fma(r, z2, _R3)
-    r = _fma(r, z2, _R2)
-    r = _fma(r, z2, _R1)
-    r = _fma(r, z2, _R0)
+    r = _horner(z2, _ERF32)
     centre = _fma(F(0.5) * z, r, F(0.5))
     cdf = h if x < F(0.0) else F(1.0) - h
     return (centre if abs(x) < F(0.75) else cdf), e * F(0.3989422804014327)
