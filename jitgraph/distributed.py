@@ -3,25 +3,26 @@
 
 The program ``bwd`` is built for one worker's shard: its inputs' first axis holds b
 rows.  A global batch of N * b rows -- the batch ``jg.batches`` gives with the same
-arguments -- is cut into N contiguous shards, shard i for worker i, and a step goes:
+arguments -- is cut into N contiguous shards, shard i for worker i.  Every worker is a
+Ray actor holding a replica of the program and of the optimizer, loaded from
+``jg.save`` bytes (no pickled code), and a step goes:
 
-1. each worker (a Ray actor holding the program, loaded from ``jg.save`` bytes: no
-   pickled code) copies the current params from the object store into its graph, runs
-   ``bwd.run`` on its shard with dropout seed ``(seed + step) * N + i`` and returns its
-   loss and gradients through the object store;
-2. the driver adds the gradients in worker order and divides by N -- a fixed reduction
-   order, so two runs with the same seed and N are bit-identical -- into its own
-   program's gradient slots, and takes the optimizer step;
-3. the driver puts the new params into the object store (one object every worker
-   reads; zero-copy on a node) for the next step.
+1. each worker runs ``bwd.run`` on its shard with dropout seed ``(seed + step) * N + i``
+   and returns its loss and, as a second object in the object store, its gradients;
+2. each worker reads every worker's gradients from the object store (zero-copy on a
+   node), adds them in worker order and divides by N -- a fixed reduction order, the
+   same on every worker -- into its program's gradient slots, and takes the optimizer
+   step with the driver's current hyper-parameters.
 
-The optimizer steps once, on the driver, and every replica receives the same bits, so
-replicas cannot drift apart.  Stepping on every worker instead would move the same
-bytes (the averaged gradient instead of the params) and cost the same elementwise pass,
-but then no single process would hold a step's params and optimizer state: the driver
-does, so a worker that dies is replaced by a new actor that gets the last completed
-step's params with the step it redoes, and ``dp.save`` writes them with no worker
-involved.  Workers hold no optimizer.
+Every replica starts a fit from the same state and applies the same bits, so all hold
+identical params; nothing but row numbers, hyper-parameters and the gradients moves in
+a step.  The driver holds no live state during a fit: it pulls the params and
+optimizer state from a worker at the end of each epoch, at each checkpoint, at the
+end of the fit and when asked (``params``, ``save``).  A worker that dies is replaced
+by a new actor that copies a surviving replica's state (the interrupted step is redone
+if the survivors had not taken it); if every replica is lost at once, new workers
+start from the driver's last pulled state and redo the steps since, which give the
+same bits.
 """
 import json
 import os
@@ -35,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
+from numba import njit
 from tqdm.auto import tqdm
 
 from . import _cache
@@ -50,7 +52,7 @@ from .train import batch_rows
 MAGIC = "jitgraph-dataparallel"
 VERSION = 1
 DIED = (RayActorError, WorkerCrashedError, ObjectLostError)   # the worker or its result is gone: replace it
-CHUNK = 1 << 20                  # gradient elements per piece of the mean (the driver's threads share the pieces)
+CHUNK = 1 << 20                  # gradient elements per piece of the mean (a worker's threads share the pieces)
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -71,18 +73,49 @@ def from_bytes(blob: bytes) -> Any:
         return load(path)
 
 
+@njit(cache=True, nogil=True)
+def _add_into(dst, a, b, divisor):
+    """dst = a + b, divided by ``divisor`` (of dst's dtype) when it is not 0: numpy's
+    add-then-divide in one pass, bit for bit."""
+    if divisor != 0:
+        for j in range(dst.size):
+            dst[j] = (a[j] + b[j]) / divisor
+    else:
+        for j in range(dst.size):
+            dst[j] = a[j] + b[j]
+
+
+def _mean_into(dst: np.ndarray, parts: List[np.ndarray]) -> None:
+    """dst = (g_0 + g_1 + ... + g_{N-1}) / N, added in worker order: the same bits on
+    every worker and every run."""
+    n = len(parts)
+    if n == 1:
+        dst[:] = parts[0]
+        return
+    last = dst.dtype.type(n)
+    _add_into(dst, parts[0], parts[1], last if n == 2 else dst.dtype.type(0))
+    for m in range(2, n):
+        _add_into(dst, dst, parts[m], last if m == n - 1 else dst.dtype.type(0))
+
+
 class Worker:
-    """One replica, run as a Ray actor: the program loaded from ``jg.save`` bytes, which
-    computes the loss and gradients of its shard with the params it is sent."""
+    """One replica, run as a Ray actor: the program and the optimizer loaded from
+    ``jg.save`` bytes.  ``grads`` runs the program on a shard; ``apply`` averages every
+    worker's gradients and steps; ``state`` / ``set_state`` move the replica's params,
+    optimizer state and step count."""
 
     def __init__(self, blob: bytes, param_ids: List[int], threads: int) -> None:
         set_num_threads(threads)
-        self.bwd: BackwardGraph = from_bytes(blob)
+        objs = from_bytes(blob)
+        self.bwd: BackwardGraph = objs["bwd"]
+        self.opt: Optimizer = objs["opt"]
         g = self.bwd.graph
         self.slices = [g.tensor(i)._store_slice() for i in param_ids]
         self.grad_slots = [(int(self.bwd.off[n]), g.tensor(p).size)
                            for p, n in zip(self.bwd.params, self.bwd.grad_nodes) if n >= 0]
         self.data: Dict[int, np.ndarray] = {}
+        self.steps = 0                   # optimizer steps this replica has taken, counted as the fit counts
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="jitgraph-dp") if threads > 1 else None
 
     def ready(self) -> Tuple[str, str]:
         """The source key and folder of the jitgraph this worker imported."""
@@ -91,40 +124,65 @@ class Worker:
     def set_data(self, data: Optional[Dict[int, np.ndarray]]) -> None:
         self.data = data or {}
 
-    def set_params(self, values: List[np.ndarray]) -> None:
+    def state(self) -> Tuple[List[np.ndarray], Dict[str, Any], Optional[float], int]:
+        """(param values, optimizer state, last gradient norm, steps taken)."""
+        store = self.bwd.graph.store
+        return ([store[a:b] for a, b in self.slices], self.opt.state_dict(),
+                getattr(self.opt, "last_grad_norm", None), self.steps)
+
+    def set_state(self, state: Tuple[List[np.ndarray], Dict[str, Any], Optional[float], int]) -> None:
+        values, opt_state, norm, steps = state
         store = self.bwd.graph.store
         for (a, b), v in zip(self.slices, values):
             store[a:b] = v
+        self.opt.load_state_dict(opt_state)
+        if norm is not None:
+            self.opt.last_grad_norm = norm
+        self.steps = steps
+
+    def steps_done(self) -> int:
+        return self.steps
 
     def param_values(self) -> List[np.ndarray]:
         store = self.bwd.graph.store
         return [store[a:b].copy() for a, b in self.slices]
 
-    def grads(self, values: List[np.ndarray], rows: np.ndarray, salt: int) -> Tuple[float, Tuple[float, float, float],
-                                                                                  List[np.ndarray]]:
-        """(loss, (seconds copying the params in, seconds in bwd.run, CPU seconds of this
-        thread in bwd.run), gradients) of the rows ``rows`` of the data."""
-        t0 = time.perf_counter()
-        self.set_params(values)
+    def grads(self, rows: np.ndarray, salt: int) -> Tuple[Tuple[float, float, float], List[np.ndarray]]:
+        """((loss, seconds in bwd.run, CPU seconds of this thread in bwd.run), gradients)
+        of the rows ``rows`` of the data: two objects, so the gradients go to the other
+        workers without passing through the driver."""
         g = self.bwd.graph
         feeds = {Tensor(g, i): a[rows] for i, a in self.data.items()}
         t1, c1 = time.perf_counter(), time.thread_time()
         loss = float(self.bwd.run(feeds, seed=salt))
         t2, c2 = time.perf_counter(), time.thread_time()
-        mem = self.bwd.mem                 # views: Ray copies them into the object store on return
-        return loss, (t1 - t0, t2 - t1, c2 - c1), [mem[o:o + n] for o, n in self.grad_slots]
+        mem = self.bwd.mem               # views: Ray copies them into the object store on return
+        return (loss, t2 - t1, c2 - c1), [mem[o:o + n] for o, n in self.grad_slots]
+
+    def apply(self, hyper: Dict[str, Any], *grads: List[np.ndarray]) -> Tuple[float, float, int]:
+        """Average the workers' gradients (``grads[i]`` is worker i's) into this
+        program's gradient slots and take the optimizer step with ``hyper`` (the
+        driver's lr and the rest, so a schedule set between steps reaches every replica).
+        Returns (seconds of the mean, seconds of the step, steps taken)."""
+        t0 = time.perf_counter()
+        mem = self.bwd.mem
+        pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
+                  for j, (o, size) in enumerate(self.grad_slots) for lo in range(0, size, CHUNK)]
+        if self.pool is not None and len(pieces) > 1:
+            list(self.pool.map(lambda piece: _mean_into(*piece), pieces))     # the kernel lets go of the GIL
+        else:
+            for piece in pieces:
+                _mean_into(*piece)
+        t1 = time.perf_counter()
+        for k, v in hyper.items():
+            setattr(self.opt, k, v)
+        self.opt.step()
+        self.steps += 1
+        return t1 - t0, time.perf_counter() - t1, self.steps
 
 
-def _mean_into(piece):
-    """dst = (g_0 + g_1 + ... + g_{N-1}) / N, added in worker order: the same bits every run."""
-    dst, parts = piece
-    if len(parts) == 1:
-        dst[:] = parts[0]
-        return
-    np.add(parts[0], parts[1], out=dst)
-    for g in parts[2:]:
-        np.add(dst, g, out=dst)
-    np.divide(dst, len(parts), out=dst)
+class _AllLost(Exception):
+    """Every replica died at once: the fit goes back to the driver's last pulled state."""
 
 
 def _int(x, name, low):
@@ -165,10 +223,11 @@ class DataParallel:
         self._param_ids = list(g.params)                  # all of them: values set on the driver reach the workers
         self._slices = [g.tensor(p)._store_slice() for p in self._param_ids]
         self._grad_slots = [(int(bwd.off[n]), g.tensor(p).size) for p, n in zip(bwd.params, bwd.grad_nodes) if n >= 0]
-        self._params_ref: Any = None
+        self._state_ref: Any = None                       # the state a new worker starts from
         self._data_ref: Any = None
         self._blob: Any = None
-        self._pool = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="jitgraph-dp")
+        self._stale = False                               # the replicas have stepped past the driver's state
+        self._driver_steps = 0                            # the fit's step count at the driver's state
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             ray.init(address=address, include_dashboard=False)
@@ -178,7 +237,7 @@ class DataParallel:
             if need > cpus:
                 raise GraphError(f"DataParallel: {self.num_workers} workers x {self.threads} threads need {need} CPUs; "
                                  f"the Ray cluster has {cpus:g}")
-            self._blob = ray.put(to_bytes(bwd))
+            self._blob = ray.put(to_bytes({"bwd": bwd, "opt": opt}))
             self._actor = ray.remote(Worker)
             self.workers = [self._spawn() for _ in range(self.num_workers)]   # they start while the driver warms up
             self._warm_up()
@@ -200,7 +259,7 @@ class DataParallel:
 
     def _warm_up(self):
         """One run on zeros: it loads (or compiles into the cache the workers share) the
-        program's kernels, and makes ``opt`` read gradients from this program."""
+        program's kernels before the workers start."""
         g = self.bwd.graph
         feeds = {g.tensor(n): np.zeros(g.shape_of(n), np.int64 if g.nodes.flags[n] & F_INDEX else g.dtype)
                  for n in self.bwd.inputs}
@@ -227,7 +286,8 @@ class DataParallel:
                               f"({_cache.PACKAGE_DIR}); runs may not be reproducible", stacklevel=3)
 
     # ---- workers ---------------------------------------------------------------------------------
-    def _replace(self, i, tries):
+    def _replace(self, i, tries, state_ref):
+        """A new actor for worker i, starting from ``state_ref`` (and the fit's data)."""
         if tries > self.max_restarts:
             raise GraphError(f"DataParallel: worker {i} died {tries} times in a row; giving up "
                              f"(max_restarts={self.max_restarts})")
@@ -237,34 +297,64 @@ class DataParallel:
             pass
         self.workers[i] = self._spawn()
         self.restarts += 1
+        self.workers[i].set_state.remote(state_ref)             # queued before any call that follows
         if self._data_ref is not None:
-            self.workers[i].set_data.remote(self._data_ref)     # queued before any call that follows
+            self.workers[i].set_data.remote(self._data_ref)
 
-    def _on_all(self, method, *args):
-        """Call ``method`` on every worker and wait; a dead worker is replaced and called again."""
+    def _prepare(self, steps):
+        """Give every worker the driver's state (at the fit's step ``steps``) and the
+        fit's data, and wait; a dead worker is replaced."""
+        store = self.bwd.graph.store
+        self._state_ref = ray.put(([store[a:b] for a, b in self._slices], self.opt.state_dict(),
+                                   getattr(self.opt, "last_grad_norm", None), steps))
+        self._driver_steps = steps
         tries = [0] * len(self.workers)
         todo = list(range(len(self.workers)))
         while todo:
-            refs = [getattr(self.workers[i], method).remote(*args) for i in todo]
+            refs = [(self.workers[i].set_state.remote(self._state_ref), self.workers[i].set_data.remote(self._data_ref))
+                    for i in todo]
             again = []
-            for i, ref in zip(todo, refs):
+            for i, pair in zip(todo, refs):
                 try:
-                    ray.get(ref)
+                    ray.get(list(pair))
                 except DIED:
                     tries[i] += 1
-                    self._replace(i, tries[i])
+                    self._replace(i, tries[i], self._state_ref)
                     again.append(i)
             todo = again
+
+    def _pull(self, in_fit=False):
+        """Make the driver's params and optimizer state the replicas' (a live worker's)."""
+        if not self._stale or not self.workers:
+            return
+        for w in self.workers:
+            try:
+                values, opt_state, norm, steps = ray.get(w.state.remote())
+                break
+            except DIED:
+                continue
+        else:
+            if in_fit:
+                raise _AllLost
+            raise GraphError(f"DataParallel: every worker died; the replicas' steps after step "
+                             f"{self._driver_steps} (the driver's state) are lost")
+        store = self.bwd.graph.store
+        for (a, b), v in zip(self._slices, values):
+            store[a:b] = v
+        hyper = self.opt._hyper()          # the driver's hyper-parameters stay the driver's
+        self.opt.load_state_dict(opt_state)
+        for key, v in hyper.items():
+            setattr(self.opt, key, v)
+        if norm is not None:
+            self.opt.last_grad_norm = norm
+        self._driver_steps = steps
+        self._stale = False
 
     def _worker_error(self, e, i, step):
         cause = getattr(e, "cause", None)
         if isinstance(cause, GraphError):
             return GraphError(f"DataParallel: worker {i} failed in step {step + 1}: {cause}")
         return e
-
-    def _put_params(self):
-        store = self.bwd.graph.store
-        self._params_ref = ray.put([store[a:b] for a, b in self._slices])     # one copy, into the object store
 
     def _alive(self, what):
         if not self.workers:
@@ -339,98 +429,146 @@ class DataParallel:
                              f"{epochs * per_epoch} steps of {epochs} epochs")
         every = _int(checkpoint_every, "checkpoint_every", 1) if checkpoint_every is not None else per_epoch
         self.step_times = []
-        bar = tqdm(total=(epochs * per_epoch - start) * batch_size, unit="sample", leave=False,
+        total = epochs * per_epoch
+        bar = tqdm(total=(total - start) * batch_size, unit="sample", leave=False,
                    desc=f"fit on {N} worker{'s' if N > 1 else ''}", disable=not progress)
+        epoch_rows: Dict[int, List[np.ndarray]] = {}
         losses: List[float] = []
         running = None
+        k = reported = start
+        lost = 0
         try:
+            self._pull()
             self._data_ref = ray.put(arrays)
-            self._on_all("set_data", self._data_ref)
-            self._put_params()
-            for epoch in range(start // per_epoch, epochs):
-                for j, rows in enumerate(batch_rows(n, batch_size, shuffle, seed + epoch, "DataParallel.fit")):
-                    k = epoch * per_epoch + j
-                    if k < start:
-                        continue
-                    loss = self._step(rows, seed + k, k)
-                    losses.append(loss)
-                    self.position = dict(run, step=k + 1)
-                    running = loss if running is None else 0.95 * running + 0.05 * loss
-                    bar.update(batch_size)
-                    bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
-                    if checkpoint is not None and (k + 1) % every == 0:
-                        self.save(checkpoint)
-                    if callback is not None:
-                        callback(k + 1, loss)
+            self._prepare(start)
+            while k < total:
+                epoch = k // per_epoch
+                if epoch not in epoch_rows:
+                    epoch_rows = {epoch: list(batch_rows(n, batch_size, shuffle, seed + epoch, "DataParallel.fit"))}
+                try:
+                    loss = self._step(epoch_rows[epoch][k % per_epoch], seed + k, k)
+                    if (k + 1) % per_epoch == 0 or k + 1 == total:
+                        self._pull(in_fit=True)    # the driver's state, to restart from if every replica is lost
+                except _AllLost:
+                    lost += 1
+                    if lost > self.max_restarts:
+                        raise GraphError(f"DataParallel: every worker died, {lost} times in a row; giving up "
+                                         f"(max_restarts={self.max_restarts})") from None
+                    k = self._restart_all()
+                    del losses[k - start:]
+                    continue
+                lost = 0
+                k += 1
+                losses.append(loss)
+                self.position = dict(run, step=k)
+                if k <= reported:              # a step redone after every replica was lost: told once
+                    continue
+                reported = k
+                running = loss if running is None else 0.95 * running + 0.05 * loss
+                bar.update(batch_size)
+                bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
+                if checkpoint is not None and k % every == 0:
+                    self.save(checkpoint)
+                if callback is not None:
+                    callback(k, loss)
             self.position = None
-            self._on_all("set_params", self._params_ref)     # every replica ends with the driver's params
         finally:
             bar.close()
             self._data_ref = None
-            if self.workers:
-                for w in self.workers:
-                    w.set_data.remote(None)                   # frees the data in the object store
+            for w in self.workers:
+                w.set_data.remote(None)                      # frees the data in the object store
         return losses
 
+    def _restart_all(self):
+        """Every replica died: new workers from the driver's last pulled state.  Returns
+        the fit's step count at that state (the steps since are redone: the same bits)."""
+        self._stale = False
+        for i, w in enumerate(self.workers):
+            try:
+                ray.kill(w)
+            except Exception:          # already gone
+                pass
+            self.workers[i] = self._spawn()
+            self.restarts += 1
+        self._prepare(self._driver_steps)
+        return self._driver_steps
+
     def _step(self, rows, base, k):
-        """One step on the global batch ``rows``: shards out, gradients back, mean, optimizer step."""
+        """Step k on the global batch ``rows``: each worker computes its shard's
+        gradients, then every worker averages all of them and steps."""
         N, b = self.num_workers, self.batch
         t0 = time.perf_counter()
         shards = [rows[i * b:(i + 1) * b] for i in range(N)]
-
-        def call(i):
-            return self.workers[i].grads.remote(self._params_ref, shards[i], base * N + i)
-
-        pending = {call(i): i for i in range(N)}
-        results = [None] * N
+        hyper = self.opt._hyper()
         tries = [0] * N
-        while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
-            i = pending.pop(ref)
-            try:
-                results[i] = ray.get(ref)
-            except RayTaskError as e:
-                raise self._worker_error(e, i, k) from None
-            except DIED:               # the step is redone on a new worker, from the same params
-                tries[i] += 1
-                self._replace(i, tries[i])
-                pending[call(i)] = i
+        while True:
+            outs = [w.grads.options(num_returns=2).remote(shards[i], base * N + i) for i, w in enumerate(self.workers)]
+            grads = [g for _, g in outs]
+            acks = [w.apply.remote(hyper, *grads) for w in self.workers]
+            results, applied = [None] * N, [None] * N
+            failed: Optional[BaseException] = None
+            for i, (info, _) in enumerate(outs):
+                try:
+                    results[i] = ray.get(info)
+                except RayTaskError as e:      # the worker raised: the others cannot step either
+                    raise self._worker_error(e, i, k) from None
+                except DIED as e:
+                    failed = e
+            for i, ack in enumerate(acks):
+                try:
+                    applied[i] = ray.get(ack)
+                except (RayTaskError, *DIED) as e:     # died, or a dead worker's gradients never came
+                    failed = e
+            if failed is None:
+                break
+            if self._recover(k, tries, failed):
+                if None in results:
+                    raise GraphError(f"DataParallel: step {k + 1} was taken but a worker's loss was lost")
+                break
+        self._stale = True
         t1 = time.perf_counter()
-        with self.bwd.lock:
-            if self.bwd.graph.grads_owner is not self.bwd:     # another program ran: read gradients from ours
-                self._warm_up()
-            mem = self.bwd.mem
-            grads = [r[2] for r in results]
-            pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
-                      for j, (o, size) in enumerate(self._grad_slots) for lo in range(0, size, CHUNK)]
-            if len(pieces) > 1 and sum(size for _, size in self._grad_slots) > CHUNK:
-                # the workers wait for this: the driver has the cores (numpy lets go of the GIL)
-                list(self._pool.map(_mean_into, pieces))
-            else:
-                for piece in pieces:
-                    _mean_into(piece)
-            t2 = time.perf_counter()
-            self.opt.step()
-        t3 = time.perf_counter()
-        self._put_params()
-        t4 = time.perf_counter()
-        compute = max(r[1][1] for r in results)
-        self.step_times.append({"step": t4 - t0, "compute": compute, "optimizer": t3 - t2,
-                                "all_reduce": (t4 - t0) - compute - (t3 - t2), "params_in": max(r[1][0] for r in results),
-                                "mean": t2 - t1, "params_out": t4 - t3,
-                                "compute_cpu": max(r[1][2] for r in results)})
+        done = [a for a in applied if a is not None] or [(0.0, 0.0, 0)]
+        compute = max(r[1] for r in results)
+        optimizer = max(a[1] for a in done)
+        self.step_times.append({"step": t1 - t0, "compute": compute, "optimizer": optimizer,
+                                "all_reduce": (t1 - t0) - compute - optimizer, "mean": max(a[0] for a in done),
+                                "compute_cpu": max(r[2] for r in results)})
         loss = 0.0
         for r in results:
             loss += r[0]
         return loss / N
 
+    def _recover(self, k, tries, error):
+        """After ``error`` in step k: replace the dead workers by copies of a live
+        replica.  Returns whether the step was taken (by the replicas that lived)."""
+        alive = {}
+        for i, w in enumerate(self.workers):
+            try:
+                alive[i] = ray.get(w.steps_done.remote())
+            except DIED:
+                pass
+        if not alive:
+            raise _AllLost
+        if len(alive) == len(self.workers):    # nobody died: the step itself failed
+            raise GraphError(f"DataParallel: step {k + 1} failed on a worker: {error}") from None
+        done = [i for i, s in alive.items() if s == k + 1]
+        source = self.workers[done[0] if done else min(alive)]
+        state_ref = source.state.remote()
+        for i in range(len(self.workers)):
+            if i not in alive:
+                tries[i] += 1
+                self._replace(i, tries[i], state_ref)
+            elif done and alive[i] != k + 1:
+                self.workers[i].set_state.remote(state_ref)
+        return bool(done)
+
     def timing(self) -> Dict[str, float]:
         """Medians over the last fit's steps (the first left out: it loads the workers'
         data): seconds per ``step``; of the slowest worker's ``bwd.run`` (``compute``); of
-        the ``optimizer`` step; of the ``all_reduce``, the rest of the step -- of which
-        ``params_out`` puts the params into the object store, ``params_in`` copies them
-        into a worker's graph, ``mean`` averages the gradients (and the remainder moves
-        them and calls the workers) -- and ``all_reduce_share`` of a step.  ``compute_cpu``
+        the slowest worker's ``optimizer`` step; of the ``all_reduce``, the rest of the
+        step -- of which ``mean`` is the slowest worker's average of the gradients it read
+        (the remainder: gradients into the object store, and the driver's calls) -- and
+        ``all_reduce_share`` of a step.  ``compute_cpu``
         is the CPU time of the slowest worker's ``bwd.run`` (of its calling thread): well
         below ``compute``, the workers were waiting for a core."""
         rows = self.step_times[1:] or self.step_times
@@ -442,12 +580,14 @@ class DataParallel:
 
     # ---- results, saving, ending -----------------------------------------------------------------------
     def params(self) -> Dict[str, np.ndarray]:
-        """{param name: value} of every param of the graph (copies): the replicas' params."""
+        """{param name: value} of every param of the graph (copies): the replicas' params
+        (pulled from a worker into the driver's graph if they stepped since)."""
+        self._pull()
         g = self.bwd.graph
         return {g.label(p): g.tensor(p).value for p in g.params}
 
     def worker_params(self) -> List[Dict[str, np.ndarray]]:
-        """What each worker holds, as ``params()``: after a fit, the driver's bits."""
+        """What each worker holds, as ``params()``: the same bits on every worker."""
         self._alive("worker_params")
         params = [self.bwd.graph.tensor(p) for p in self._param_ids]
         return [{p.label: v.reshape(p.shape) for p, v in zip(params, vals)}
@@ -456,6 +596,7 @@ class DataParallel:
     def save(self, path: str) -> None:
         """Write the program, the optimizer and where an unfinished fit stands to one
         .npz (``jg.save`` bytes plus JSON: no pickles); ``DataParallel.load`` resumes."""
+        self._pull()
         meta = {"magic": MAGIC, "version": VERSION, "num_workers": self.num_workers,
                 "threads_per_worker": self.threads, "position": self.position}
         blob = to_bytes({"bwd": self.bwd, "opt": self.opt})
@@ -486,15 +627,19 @@ class DataParallel:
         return dp
 
     def shutdown(self) -> None:
-        """End the workers (and the Ray instance, if this DataParallel started it)."""
+        """End the workers (and the Ray instance, if this DataParallel started it); the
+        driver's graph and optimizer keep the replicas' last state."""
+        try:
+            self._pull()
+        except Exception as e:         # the workers are gone: nothing left to pull
+            warnings.warn(f"DataParallel.shutdown: could not pull the replicas' state ({e})", stacklevel=2)
         for w in self.workers:
             try:
                 ray.kill(w)
             except Exception:          # already gone
                 pass
         self.workers = []
-        self._params_ref = self._data_ref = self._blob = None
-        self._pool.shutdown(wait=False)
+        self._state_ref = self._data_ref = self._blob = None
         if self._own_ray and ray.is_initialized():
             ray.shutdown()
 

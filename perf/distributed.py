@@ -5,8 +5,8 @@
 this workload starts: samples per second of each, their ratio, where a step's time goes
 (``dp.timing()``: the slowest worker's ``bwd.run``, the optimizer step, the all-reduce),
 and the same step in this process without Ray for reference.  The same again at a global
-batch of 1024: the all-reduce moves the same bytes (the params and their gradients) against
-4x the compute.
+batch of 1024: the all-reduce moves the same bytes (every worker's gradients) against 4x
+the compute.
 
 Both DataParallels live through the whole workload (the Ray instance declares 3 CPUs so
 the idle one keeps its actor; an idle actor uses none) and take turns, the order flipping
@@ -116,8 +116,9 @@ def run(ctx):
                    "local Ray instance (workers at nice 0, not Ray's default 15; a 1 GiB object store); median "
                    "over repeats of (steps after the first) x batch / their seconds; ratio per repeat, then "
                    "median.  Step split from dp.timing(): compute = the slowest worker's bwd.run (and its "
-                   "thread's CPU time), optimizer = opt.step on the driver, all-reduce = the rest (params into "
-                   "the object store, workers copy them in, gradients back, their mean).  'one process': "
+                   "thread's CPU time), optimizer = the slowest worker's opt.step, all-reduce = the rest (each "
+                   "worker's gradients into the object store, every worker reading and averaging all of "
+                   "them, the driver's calls).  'one process': "
                    "bwd.run + opt.step on the global batch in this process, 1 thread, no Ray.  The target is "
                    f"read at B = {configs[0][0]}; B = {configs[1][0]} shows the same all-reduce against 4x the "
                    "compute",
@@ -172,12 +173,11 @@ def markdown(res):
                          f"{fmt_s(st['compute'])} ({fmt_s(st['compute_cpu'])} CPU)", fmt_s(st["optimizer"]),
                          fmt_s(st["all_reduce"]), f"{100 * st['all_reduce_share']:.0f}%"])
         per = c["ratio"]["per_repeat"]
-        split = "; ".join(f"{_plural(w)}: params out {fmt_s(r['step_s']['params_out'])}, in "
-                          f"{fmt_s(r['step_s']['params_in'])}, gradient mean {fmt_s(r['step_s']['mean'])}"
+        split = "; ".join(f"{_plural(w)}: gradient mean {fmt_s(r['step_s']['mean'])}"
                           for w, r in c["workers"].items())
         notes += ["", f"B = {b}: 2 workers / 1 worker per repeat {min(per):.3g} - {max(per):.3g}; inside the "
-                      f"all-reduce (medians) {split}, the rest is Ray moving the gradients back and calling the "
-                      f"workers.  Params after the same batches, 1 vs 2 workers: largest relative difference "
+                      f"all-reduce (medians, the slowest worker's) {split}, the rest is the gradients going into "
+                      f"the object store and the driver's calls.  Params after the same batches, 1 vs 2 workers: largest relative difference "
                       f"{c['params_max_rel_diff']:.2g} (float32 sums in another order).  Restarts: "
                       f"{sum(r['restarts'] for r in c['workers'].values())}."]
     return md_table(["", "samples/s (median)", "time per step", "x 1 worker", "compute: slowest worker's run",

@@ -146,10 +146,7 @@ def test_same_params_as_one_process_on_the_global_batch(cluster, reference, kind
         assert same_bits(held, {k: got[k] for k in held})
 
 
-def test_repeat_run_is_bit_identical(cluster, reference, monkeypatch):
-    # pieces of 16 elements: the gradient mean runs on the driver's threads (the reference
-    # ran it in one piece per param), with the same bits
-    monkeypatch.setattr(jitgraph.distributed, "CHUNK", 16)
+def test_repeat_run_is_bit_identical(cluster, reference):
     bwd, opt, x, y = model(SHARD)
     with DataParallel(bwd, opt, num_workers=N) as dp:
         losses = fit(dp, x, y)
@@ -157,6 +154,24 @@ def test_repeat_run_is_bit_identical(cluster, reference, monkeypatch):
         assert same_bits(dp.params(), reference[1])
         t = dp.timing()
         assert t["step"] > 0 and 0 < t["all_reduce_share"] < 1
+        assert 0 < t["mean"] < t["all_reduce"] and 0 < t["optimizer"] < t["step"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_worker_gradient_mean_is_numpys_add_then_divide_bit_for_bit(dtype):
+    r = np.random.default_rng(5)
+    for n in (1, 2, 3, 4):
+        parts = [r.standard_normal(1001).astype(dtype) for _ in range(n)]
+        for p in parts:
+            p.flags.writeable = False          # as Ray hands them out of the object store
+        want = parts[0].copy()
+        for p in parts[1:]:
+            want = want + p
+        if n > 1:
+            want = want / n
+        got = np.full(1001, np.nan, dtype)
+        jitgraph.distributed._mean_into(got, parts)
+        assert got.dtype == dtype and np.array_equal(got, want), n
 
 
 def test_dropout_and_checkpointing_match_the_steps_taken_by_hand(cluster):
@@ -166,8 +181,13 @@ def test_dropout_and_checkpointing_match_the_steps_taken_by_hand(cluster):
     bwd, opt, x, y = model(SHARD, "plain", lr=0.2, dropout=0.3, checkpoints="sqrt")
     assert bwd.stats()["n_recomputed"] > 0
     with DataParallel(bwd, opt, num_workers=N) as dp:
-        losses = fit(dp, x, y)
+        def schedule(step, loss):              # a schedule set between steps reaches every replica
+            if step == 7:
+                dp.opt.lr = 0.05
+        losses = fit(dp, x, y, callback=schedule)
         got = dp.params()
+        for held in dp.worker_params():
+            assert same_bits(held, got)
     hbwd, hopt, hx, hy = model(SHARD, "plain", lr=0.2 / N, dropout=0.3)
     by_hand, k = [], 0
     for epoch in range(EPOCHS):
@@ -176,6 +196,8 @@ def test_dropout_and_checkpointing_match_the_steps_taken_by_hand(cluster):
             for i in range(N):
                 shard = {t: a[i * SHARD:(i + 1) * SHARD] for t, a in feeds.items()}
                 loss += float(hbwd.run(shard, accumulate=i > 0, seed=(SEED + k) * N + i))
+            if k == 7:
+                hopt.lr = 0.05 / N
             hopt.step()
             by_hand.append(loss / N)
             k += 1
@@ -198,6 +220,51 @@ def test_killed_workers_are_replaced_and_the_run_is_unchanged(cluster, reference
         assert same_bits(dp.params(), reference[1])
         for held in dp.worker_params():
             assert same_bits(held, reference[2][0])
+
+
+class DyingWorker(jitgraph.distributed.Worker):
+    """A worker that exits inside ``apply`` of step 4 -- worker 1 before averaging,
+    worker 0 after stepping -- once per run (a marker file in ``folder``, which travels
+    with the class: it is pickled by value)."""
+    folder = ""
+
+    def grads(self, rows, salt):
+        self.index = salt % N
+        return super().grads(rows, salt)
+
+    def apply(self, hyper, *grads):
+        marker = os.path.join(self.folder, f"died{self.index}")
+        if self.steps == 3 and not os.path.exists(marker):
+            open(marker, "w").close()
+            if self.index == 1:
+                os._exit(1)
+            out = super().apply(hyper, *grads)
+            os._exit(1)
+        return super().apply(hyper, *grads)
+
+
+@pytest.mark.parametrize("who", [0, 1])
+def test_a_worker_that_dies_inside_a_step_is_replaced_from_a_survivor(cluster, reference, tmp_path, monkeypatch,
+                                                                      who):
+    """Worker 1 dies before it steps (worker 0 has stepped), or worker 0 dies after it
+    stepped: the survivor took the step, its replica is copied to the new worker and the
+    step is not redone -- the run's bits do not change."""
+    (tmp_path / f"died{1 - who}").touch()     # only ``who`` dies
+    monkeypatch.setattr(DyingWorker, "folder", str(tmp_path))
+    monkeypatch.setattr(jitgraph.distributed, "Worker", DyingWorker)
+    module = sys.modules[__name__]
+    ray.cloudpickle.register_pickle_by_value(module)     # the workers cannot import this test file
+    try:
+        bwd, opt, x, y = model(SHARD)
+        with DataParallel(bwd, opt, num_workers=N) as dp:
+            losses = fit(dp, x, y)
+            assert dp.restarts == 1 and (tmp_path / f"died{who}").exists()
+            assert losses == reference[0]
+            assert same_bits(dp.params(), reference[1])
+            for held in dp.worker_params():
+                assert same_bits(held, reference[2][0])
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(module)
 
 
 def test_worker_graph_error_reaches_the_driver(cluster):
