@@ -98,6 +98,18 @@ def _mean_into(dst: np.ndarray, parts: List[np.ndarray]) -> None:
         _add_into(dst, dst, parts[m], last if m == n - 1 else dst.dtype.type(0))
 
 
+def _spans(slots: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """(offset, size) slots merged where they touch: the memory plan puts the gradients
+    of a program's params side by side, so they usually travel as one buffer."""
+    out: List[Tuple[int, int]] = []
+    for o, n in sorted(slots):
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((o, n))
+    return out
+
+
 class Worker:
     """One replica, run as a Ray actor: the program and the optimizer loaded from
     ``jg.save`` bytes.  ``grads`` runs the program on a shard; ``apply`` averages every
@@ -111,8 +123,8 @@ class Worker:
         self.opt: Optimizer = objs["opt"]
         g = self.bwd.graph
         self.slices = [g.tensor(i)._store_slice() for i in param_ids]
-        self.grad_slots = [(int(self.bwd.off[n]), g.tensor(p).size)
-                           for p, n in zip(self.bwd.params, self.bwd.grad_nodes) if n >= 0]
+        self.grad_slots = _spans([(int(self.bwd.off[n]), g.tensor(p).size)
+                                  for p, n in zip(self.bwd.params, self.bwd.grad_nodes) if n >= 0])
         self.data: Dict[int, np.ndarray] = {}
         self.steps = 0                   # optimizer steps this replica has taken, counted as the fit counts
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="jitgraph-dp") if threads > 1 else None
@@ -147,23 +159,24 @@ class Worker:
         store = self.bwd.graph.store
         return [store[a:b].copy() for a, b in self.slices]
 
-    def grads(self, rows: np.ndarray, salt: int) -> Tuple[Tuple[float, float, float], List[np.ndarray]]:
-        """((loss, seconds in bwd.run, CPU seconds of this thread in bwd.run), gradients)
-        of the rows ``rows`` of the data: two objects, so the gradients go to the other
-        workers without passing through the driver."""
+    def grads(self, rows: np.ndarray, salt: int) -> Tuple[Tuple[float, float, float, float], List[np.ndarray]]:
+        """((loss, seconds in bwd.run, CPU seconds of this thread in bwd.run, the clock at
+        its end), gradients) of the rows ``rows`` of the data: two objects, so the
+        gradients go to the other workers without passing through the driver."""
         g = self.bwd.graph
         feeds = {Tensor(g, i): a[rows] for i, a in self.data.items()}
         t1, c1 = time.perf_counter(), time.thread_time()
         loss = float(self.bwd.run(feeds, seed=salt))
         t2, c2 = time.perf_counter(), time.thread_time()
         mem = self.bwd.mem               # views: Ray copies them into the object store on return
-        return (loss, t2 - t1, c2 - c1), [mem[o:o + n] for o, n in self.grad_slots]
+        return (loss, t2 - t1, c2 - c1, t2), [mem[o:o + n] for o, n in self.grad_slots]
 
-    def apply(self, hyper: Dict[str, Any], *grads: List[np.ndarray]) -> Tuple[float, float, int]:
+    def apply(self, hyper: Dict[str, Any], *grads: List[np.ndarray]) -> Tuple[float, float, int, float]:
         """Average the workers' gradients (``grads[i]`` is worker i's) into this
         program's gradient slots and take the optimizer step with ``hyper`` (the
         driver's lr and the rest, so a schedule set between steps reaches every replica).
-        Returns (seconds of the mean, seconds of the step, steps taken)."""
+        Returns (seconds of the mean, seconds of the step, steps taken, the clock when
+        the gradients had arrived)."""
         t0 = time.perf_counter()
         mem = self.bwd.mem
         pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
@@ -178,7 +191,7 @@ class Worker:
             setattr(self.opt, k, v)
         self.opt.step()
         self.steps += 1
-        return t1 - t0, time.perf_counter() - t1, self.steps
+        return t1 - t0, time.perf_counter() - t1, self.steps, t0
 
 
 class _AllLost(Exception):
@@ -527,12 +540,14 @@ class DataParallel:
                 break
         self._stale = True
         t1 = time.perf_counter()
-        done = [a for a in applied if a is not None] or [(0.0, 0.0, 0)]
+        done = [a for a in applied if a is not None] or [(0.0, 0.0, 0, 0.0)]
         compute = max(r[1] for r in results)
         optimizer = max(a[1] for a in done)
         self.step_times.append({"step": t1 - t0, "compute": compute, "optimizer": optimizer,
                                 "all_reduce": (t1 - t0) - compute - optimizer, "mean": max(a[0] for a in done),
-                                "compute_cpu": max(r[2] for r in results)})
+                                "compute_cpu": max(r[2] for r in results),
+                                # perf_counter is the machine's monotonic clock: comparable across processes on a node
+                                "exchange": max(0.0, max(a[3] for a in done) - max(r[3] for r in results))})
         loss = 0.0
         for r in results:
             loss += r[0]
