@@ -79,6 +79,17 @@ def call_runner(typingctx, address, n, lo, hi, ctx, mem, store):
 
 
 @intrinsic
+def call_blocks(typingctx, address, fn, n, extent, per_block, ctx, mem, store):
+    """``blocks(fn, n, extent, per_block, ctx, mem, store)`` through the block runner at
+    ``address`` (interpreter.block_runner)."""
+    def codegen(context, builder, signature, args):
+        addr, *rest = args
+        fnty = ir.FunctionType(ir.IntType(64), [a.type for a in rest])
+        return builder.call(builder.inttoptr(addr, fnty.as_pointer()), rest)
+    return types.int64(address, fn, n, extent, per_block, ctx, mem, store), codegen
+
+
+@intrinsic
 def call_rule(typingctx, address, n, k, g, ctx):
     """``vjp(n, k, g, ctx)`` through the rule at ``address``."""
     def codegen(context, builder, signature, args):

@@ -14,7 +14,7 @@ from . import compiler
 from .cost import total_flops
 from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
-from .interpreter import run_nodes, run_nodes_debug
+from .interpreter import block_runner, needs_blocks, run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, aligned_zeros, flag_names
 from .running import RunningStats, io_slots
 from .order import topo_order
@@ -95,7 +95,7 @@ class Program:
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
         self._op_codes = np.unique(nodes.op[self.order])   # once: per run it cost ~10 ns a node
-        self._tables: Optional[Tuple[np.ndarray, np.ndarray]] = None    # (runners, natives) once compiled
+        self._tables: Optional[Tuple[np.ndarray, np.ndarray, int]] = None   # (runners, natives, blocks) once compiled
 
     # ---- sizes --------------------------------------------------------------------
     @property
@@ -217,34 +217,37 @@ class Program:
         g = self.graph
         salt = _salt(seed)
         split = table("split")
-        runners, natives = self._kernels(mem, salt, split)
+        runners, natives, blocks = self._kernels(mem, salt, split)
         enter_run()
         if debug:
             status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
-                                                   salt, runners, natives, split, self.arena_elems, self._free_at,
-                                                   self._free_off, self._free_size)
+                                                   salt, runners, natives, split, blocks, self.arena_elems,
+                                                   self._free_at, self._free_off, self._free_size)
         else:
             status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store, salt,
-                                             runners, natives, split)
+                                             runners, natives, split, blocks)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
         if self._running is not None:        # once per successful run, never for a failed one
             self._running.apply(mem, g.store)
 
     def _kernels(self, mem, salt, split):
-        """(runner table, natives) for this program: on its first run the interpreter
-        compiles (or loads) first, while worker processes compile the kernels build_forward
-        asked for; then the kernels it uses are waited for.  Kept: asking again each run
-        cost ~8 us."""
+        """(runner table, natives, block runner) for this program: on its first run the
+        interpreter compiles (or loads) first, then the block runner if a node is big
+        enough to split, while worker processes compile the kernels build_forward asked
+        for; then the kernels it uses are waited for.  Kept: asking again each run cost
+        ~8 us."""
         tables = self._tables
         if tables is None:
             g = self.graph
+            G = g.nodes.arrays()
             natives = compiler.natives(g.dtype)
             if g.dtype.name not in _interpreter_ready:
-                run_nodes(g.nodes.arrays(), self.order[:0], self.loc, self.off, mem, g.store, salt,
-                          np.zeros(1, np.int64), natives, split)
+                run_nodes(G, self.order[:0], self.loc, self.off, mem, g.store, salt,
+                          np.zeros(1, np.int64), natives, split, 0)
                 _interpreter_ready.add(g.dtype.name)
-            tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives)
+            blocks = block_runner(g.dtype) if needs_blocks(G, self.order, split) else 0
+            tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives, blocks)
         return tables
 
     def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
@@ -259,8 +262,8 @@ class Program:
         G = nodes.arrays()
         salt = _salt(seed)
         split = table("split")
-        runners, natives = self._kernels(self.mem, salt, split)
-        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split)
+        runners, natives, blocks = self._kernels(self.mem, salt, split)
+        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split, blocks)
         enter_run()
         clock = time.perf_counter
         empty = self.order[:0]

@@ -17,6 +17,7 @@ from . import compiler, registry
 from .autodiff import build_backward
 from .errors import GraphError
 from .graph import Graph
+from .interpreter import block_runner
 from .ops.binary import add
 from .ops.linear import matmul
 from .ops.softmaxes import cross_entropy
@@ -30,8 +31,9 @@ DTYPES = ("float32", "float64")
 
 def _passes(dtype: str) -> None:
     """Build, run, differentiate (plain, checkpointed on one level and on several, under
-    a budget) and step a small model: compiles the graph passes, the interpreter and
-    the optimizers."""
+    a budget) and step a small model: compiles the graph passes, the interpreter, the
+    block runner (which this model is too small to need) and the optimizers."""
+    block_runner(dtype)
     rng = np.random.default_rng(0)
     g = Graph(np.dtype(dtype))
     x = g.input((8, 16), name="x")

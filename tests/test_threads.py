@@ -296,3 +296,29 @@ def test_import_leaves_openmp_to_libraries_imported_later():
     env = dict(os.environ, PYTHONPATH=ROOT, JITGRAPH_QUIET="1")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_block_runner_is_compiled_only_for_programs_with_a_node_to_split():
+    """A graph whose nodes are all below PARALLEL_MIN never loads the parallel block
+    runner (a small graph's first run does not wait for it); one with a bigger node
+    loads it, and the tables of both name it right (checked in a new process)."""
+    code = f"""
+import numpy as np, jitgraph as jg
+from jitgraph import interpreter
+g = jg.Graph(np.float64)
+x = g.input((4, 8), name="x")
+W = g.param(np.ones((8, 8)), name="W")
+small = jg.build_backward(jg.build_forward(jg.mean(jg.tanh(x @ W))))
+small.run({{x: np.ones((4, 8))}})
+assert not interpreter._block_runners, interpreter._block_runners
+assert small._tables[2] == 0
+n = {PARALLEL_MIN}
+y = g.input((n,), name="y")
+big = jg.build_forward(jg.sum(jg.exp(y)))
+assert float(big.run({{y: np.zeros(n)}})) == n
+assert list(interpreter._block_runners) == ["float64"] and big._tables[2] != 0
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=ROOT, JITGRAPH_QUIET="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-2000:] + proc.stderr[-3000:]
