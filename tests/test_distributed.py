@@ -21,6 +21,7 @@ import ray
 
 import jitgraph as jg
 import jitgraph.distributed
+import jitgraph.replica
 from jitgraph.distributed import DataParallel
 
 pytestmark = pytest.mark.timeout(300)
@@ -170,7 +171,7 @@ def test_worker_gradient_mean_is_numpys_add_then_divide_bit_for_bit(dtype):
         if n > 1:
             want = want / n
         got = np.full(1001, np.nan, dtype)
-        jitgraph.distributed._mean_into(got, parts)
+        jitgraph.replica._mean_into(got, parts)
         assert got.dtype == dtype and np.array_equal(got, want), n
 
 
