@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit, types
 
 from . import registry
-from ._sigs import ST, i64
+from ._sigs import ST, i64, on_first_use
 from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
 from .order import extend_order, needed_backward
 from .registry import INPUT
@@ -49,7 +49,7 @@ def _size(shape, n):
 
 
 # ---- the free list: blocks sorted by offset, neighbours always merged -------------------
-@njit(types.UniTuple(i64, 3)(ST, ST, i64, i64, i64), cache=True)
+@on_first_use(types.UniTuple(i64, 3)(ST, ST, i64, i64, i64))
 def _take(fl_off, fl_size, nfree, top, size):
     """Best fit of ``size``; returns (offset, nfree, top).  Without a fitting
     block, a free block touching the top is extended, else the top grows."""
@@ -75,7 +75,7 @@ def _take(fl_off, fl_size, nfree, top, size):
     return top, nfree, top + size
 
 
-@njit(types.UniTuple(i64, 2)(ST, ST, i64, i64, i64, i64), cache=True)
+@on_first_use(types.UniTuple(i64, 2)(ST, ST, i64, i64, i64, i64))
 def _give(fl_off, fl_size, nfree, top, off, size):
     """Return a block; merges with its neighbours and gives back the top."""
     i = 0

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64
+from .._sigs import G as G_T, ST, i64, on_first_use
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
@@ -428,7 +428,7 @@ def _run_batch_norm(n, lo, hi, ctx, mem, store):
     return _elementwise(v, n, lo, hi, output(v, n), x, x, p, w, b, has_w, has_b, 0)
 
 
-@njit(i64(G_T, ST, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64))
 def _sums_for(G, st, n, k, g):
     """The batch_norm_sums node for forward node n's gradient g: the one the rule of an
     earlier slot of n made a few nodes ago, or a new one."""

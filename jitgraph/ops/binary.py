@@ -9,7 +9,7 @@ hands it to :func:`binary`, which broadcasts node n's two sources to n's shape
 import numpy as np
 from numba import njit
 
-from .._sigs import G as G_T, ST, f64, i64
+from .._sigs import G as G_T, ST, f64, i64, on_first_use
 from ..emit import grad_node, grad_node_fp
 from ..errors import GraphError
 from ..graph import Operand, Tensor
@@ -292,7 +292,7 @@ def _run_affine(n, lo, hi, ctx, mem, store):
     return _affine_loop(run_view(ctx, mem, store), n, lo, hi)
 
 
-@njit(i64(G_T, ST, i64, f64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, f64, i64, i64))
 def scaled(G, st, a, s, n, k):
     """A gradient node s * a."""
     return grad_node_fp(G, st, AFFINE, a, s, 0.0, n, k)

@@ -41,7 +41,7 @@ from typing import Any
 
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64
+from .._sigs import G as G_T, ST, i64, on_first_use
 from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor
@@ -266,7 +266,7 @@ def _run_conv2d(n, lo, hi, ctx, mem, store):
     return conv_tiles(run_view(ctx, mem, store), n, lo, hi)
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64))
 def conv_node(G, st, a, w, xp, like, mode, dh, dw, groups, p4, p5, kind, n, k):
     """conv2d(a, w) reading xp, shaped like ``like`` (p4, p5: padding or stride, by kind)."""
     t = grad_node(G, st, CONV2D, a, w, like, n, k)
@@ -283,7 +283,7 @@ def conv_node(G, st, a, w, xp, like, mode, dh, dw, groups, p4, p5, kind, n, k):
     return t
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64))
 def weight_node(G, st, g, xp, like, mode, dh, dw, groups, sh, sw, n):
     t = grad_node(G, st, CONV2D_WEIGHT, g, xp, like, n, 1)
     G.ip[t, 0] = dh
@@ -296,7 +296,7 @@ def weight_node(G, st, g, xp, like, mode, dh, dw, groups, sh, sw, n):
     return t
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64))
 def windows_grad(G, st, g, w, x, phases, groups, n, k):
     """dx of a strided convolution over x's phases, through its windows: col2im of the 1x1
     FLIP product of g with w seen as (C_out, C_in/groups*kh*kw, 1, 1).  Measured faster than

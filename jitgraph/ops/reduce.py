@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64
+from .._sigs import G as G_T, ST, i64, on_first_use
 from ..emit import grad_node, grad_node_fp, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
@@ -264,7 +264,7 @@ def max_mask_kernel(out, x, sx, mask):
     return OK
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64))
 def masked(G, st, op, a, like, mask, n, k):
     """A gradient node ``op(a)`` of the family, shaped like ``like``, over axes ``mask``."""
     t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
@@ -272,7 +272,7 @@ def masked(G, st, op, a, like, mask, n, k):
     return t
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64))
 def row_reduce(G, st, op, a, like, axis, n, k):
     """A gradient node: sum or mean of ``a`` over padded ``axis``, keeping it as size 1."""
     t = grad_node(G, st, op, a, -1, like, n, k)

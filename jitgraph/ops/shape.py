@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Union
 
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64
+from .._sigs import G as G_T, ST, i64, on_first_use
 from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
@@ -21,7 +21,7 @@ __all__ = ["reshape", "transpose", "concat", "slice_axis", "pad_axis"]
 RESHAPE, TRANSPOSE, CONCAT, SLICE, PAD = 32, 33, 34, 35, 36
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64))
 def axis_node(G, st, op, a, like, axis, start, n, k):
     """A slice or pad gradient node along padded ``axis`` from ``start``."""
     t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)

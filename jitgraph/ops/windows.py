@@ -15,7 +15,7 @@ from typing import Any, Sequence, Tuple, Union
 
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64
+from .._sigs import G as G_T, ST, i64, on_first_use
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
@@ -194,7 +194,7 @@ defop(IM2COL, "im2col", im2col, _run_im2col, _vjp_im2col, arity=1, public=False,
 defop(COL2IM, "col2im", col2im, _run_col2im, _vjp_col2im, arity=1, public=False, split=CUSTOM)
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64))
 def pad_node(G, st, a, ph, pw, n, k):
     """a zero-padded by (ph, pw): an im2col with a 1x1 kernel (a itself when there is no padding)."""
     if ph == 0 and pw == 0:
