@@ -7,7 +7,7 @@ resumes the pass -- arrays are never rebound inside a hot loop.
 """
 from numba import njit
 
-from ._sigs import G as G_T, ST, f64, i64
+from ._sigs import G as G_T, ST, f64, i64, on_first_use
 from .ir import F_GRAD, MAX_DIMS, N_FP, N_IP
 
 RULE_ACCUMULATE = -2     # rule of an add summing two gradient contributions
@@ -15,7 +15,7 @@ RULE_COPY = -3           # rule of the copy that gives a param gradient its own 
 RULE_ZERO = -4           # an explicit zero a gradient starts from (build_backward(zero_table=False))
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64))
 def new_node(G, st, op, s0, s1, like, flags, origin, rule):
     """Append a node with up to two sources and the shape of node ``like``; returns its id."""
     n = st[0]
@@ -38,13 +38,13 @@ def new_node(G, st, op, s0, s1, like, flags, origin, rule):
     return n
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64))
 def grad_node(G, st, op, a, b, like, n, k):
     """A gradient node ``op(a, b)`` shaped like ``like``, made by the rule of node n for slot k."""
     return new_node(G, st, op, a, b, like, F_GRAD, n, k)
 
 
-@njit(i64(G_T, ST, i64, i64, f64, f64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, f64, f64, i64, i64))
 def grad_node_fp(G, st, op, a, p0, p1, n, k):
     """A unary gradient node ``op(a)`` shaped like ``a`` with float params (p0, p1)."""
     t = new_node(G, st, op, a, -1, a, F_GRAD, n, k)
@@ -53,7 +53,7 @@ def grad_node_fp(G, st, op, a, p0, p1, n, k):
     return t
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64))
 def grad_node_ip(G, st, op, a, like, p0, p1, n, k):
     """A unary gradient node ``op(a)`` shaped like ``like`` with int params (p0, p1)."""
     t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
@@ -62,7 +62,7 @@ def grad_node_ip(G, st, op, a, like, p0, p1, n, k):
     return t
 
 
-@njit(i64(G_T, ST, i64, i64, i64, i64), cache=True)
+@on_first_use(i64(G_T, ST, i64, i64, i64, i64))
 def copy_node(G, st, n, flags, origin, rule):
     """Append an exact copy of node n (op, sources, shape, params) with new flags/origin."""
     m = new_node(G, st, G.op[n], G.src[n, 0], G.src[n, 1], n, flags, origin, rule)
