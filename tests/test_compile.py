@@ -177,3 +177,43 @@ def test_prefetch_starts_workers_only_for_new_units(tmp_path, monkeypatch):
     monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "0")
     compiler.prefetch(np.float64, [relu])
     assert len(started) == 1                           # no workers wanted: nothing starts
+
+
+def test_import_compiles_nothing_and_first_use_helpers_compile_once(tmp_path):
+    """``import jitgraph`` on an empty cache compiles no function (helpers with a declared
+    signature wait for their first use); a first-use helper then compiles its one
+    signature whether reached from jitted code with literal arguments or from Python,
+    and keeps it (no specialization per literal)."""
+    code = """
+import numba
+from numba.core import event
+compiled = []
+class Count(event.Listener):
+    def on_start(self, ev):
+        compiled.append(str(ev.data["dispatcher"].py_func.__qualname__))
+    def on_end(self, ev):
+        pass
+with event.install_listener("numba:compile", Count()):
+    import jitgraph
+assert compiled == [], compiled
+from jitgraph import emit, plan
+from jitgraph._sigs import FirstUse
+assert isinstance(emit.new_node, FirstUse) and not emit.new_node.signatures
+@numba.njit
+def take_twice(st):
+    a = plan._take(st, st, 3, 4, 5)
+    b = plan._take(st, st, 7, 8, 9)
+    return a[0] + b[0]
+import numpy as np
+st = np.zeros(8, np.int64)
+with event.install_listener("numba:compile", Count()):
+    take_twice(st)
+assert "take_twice" in compiled and "_take" in compiled, compiled     # the listener does see compiles
+assert len(plan._take.signatures) == 1, plan._take.signatures
+plan._give(st, st, 1, 2, 3, 4)       # first use from Python
+assert len(plan._give.signatures) == 1
+print("ok")
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), JITGRAPH_QUIET="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-3000:]
