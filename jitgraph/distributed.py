@@ -439,7 +439,9 @@ class DataParallel:
         the slowest worker's ``optimizer`` step; of the ``all_reduce``, the rest of the
         step -- of which ``mean`` is the slowest worker's average of the gradients it read
         (the remainder: gradients into the object store, and the driver's calls) -- and
-        ``all_reduce_share`` of a step.  ``compute_cpu``
+        ``all_reduce_share`` of a step; ``exchange``, from the end of the last worker's
+        ``bwd.run`` to the gradients' arrival at the workers (clocks of different
+        processes: meaningful when the workers share a machine).  ``compute_cpu``
         is the CPU time of the slowest worker's ``bwd.run`` (of its calling thread): well
         below ``compute``, the workers were waiting for a core."""
         rows = self.step_times[1:] or self.step_times
