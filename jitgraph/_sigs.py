@@ -11,7 +11,7 @@ which compiles that one signature when first needed instead of at import (a cold
 in every MLP user's first process).
 """
 from numba import types, typeof
-from numba.core import typeinfer
+from numba.core import config, typeinfer
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 
@@ -56,6 +56,8 @@ class FirstUse(CPUDispatcher):
 def on_first_use(signature):
     """``@njit(signature, cache=True)``, compiled on first use (``FirstUse``)."""
     def wrap(fn):
+        if config.DISABLE_JIT:            # as njit does: the plain function
+            return fn
         disp = FirstUse(py_func=fn, locals={}, targetoptions={"nopython": True, "boundscheck": None})
         disp.enable_caching()
         disp._declared = signature
