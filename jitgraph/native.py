@@ -68,35 +68,31 @@ def pointer(typingctx, address, dtype):
     return types.CPointer(target)(address, dtype), codegen
 
 
+def _call_address(context, builder, signature, args):
+    """Codegen of an int64-returning C call through the address in ``args[0]``, with
+    the other arguments as they are."""
+    addr, *rest = args
+    fnty = ir.FunctionType(ir.IntType(64), [a.type for a in rest])
+    return builder.call(builder.inttoptr(addr, fnty.as_pointer()), rest)
+
+
 @intrinsic
 def call_runner(typingctx, address, n, lo, hi, ctx, mem, store):
     """``run(n, lo, hi, ctx, mem, store)`` through the runner at ``address``."""
-    def codegen(context, builder, signature, args):
-        addr, *rest = args
-        fnty = ir.FunctionType(ir.IntType(64), [a.type for a in rest])
-        return builder.call(builder.inttoptr(addr, fnty.as_pointer()), rest)
-    return types.int64(address, n, lo, hi, ctx, mem, store), codegen
+    return types.int64(address, n, lo, hi, ctx, mem, store), _call_address
 
 
 @intrinsic
 def call_blocks(typingctx, address, fn, n, extent, per_block, ctx, mem, store):
     """``blocks(fn, n, extent, per_block, ctx, mem, store)`` through the block runner at
     ``address`` (interpreter.block_runner)."""
-    def codegen(context, builder, signature, args):
-        addr, *rest = args
-        fnty = ir.FunctionType(ir.IntType(64), [a.type for a in rest])
-        return builder.call(builder.inttoptr(addr, fnty.as_pointer()), rest)
-    return types.int64(address, fn, n, extent, per_block, ctx, mem, store), codegen
+    return types.int64(address, fn, n, extent, per_block, ctx, mem, store), _call_address
 
 
 @intrinsic
 def call_rule(typingctx, address, n, k, g, ctx):
     """``vjp(n, k, g, ctx)`` through the rule at ``address``."""
-    def codegen(context, builder, signature, args):
-        addr, *rest = args
-        fnty = ir.FunctionType(ir.IntType(64), [a.type for a in rest])
-        return builder.call(builder.inttoptr(addr, fnty.as_pointer()), rest)
-    return types.int64(address, n, k, g, ctx), codegen
+    return types.int64(address, n, k, g, ctx), _call_address
 
 
 def _gemm_codegen(int_bits):
