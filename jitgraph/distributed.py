@@ -42,7 +42,7 @@ from .graph import Tensor
 from .ir import F_INDEX
 from .optim import Optimizer
 from .program import BackwardGraph
-from .replica import Worker, from_bytes, to_bytes
+from .replica import Worker, capture_state, from_bytes, restore_state, to_bytes
 from .train import batch_rows
 
 MAGIC = "jitgraph-dataparallel"
@@ -160,22 +160,24 @@ class DataParallel:
         if tries > self.max_restarts:
             raise GraphError(f"DataParallel: worker {i} died {tries} times in a row; giving up "
                              f"(max_restarts={self.max_restarts})")
+        self._respawn(i)
+        self.workers[i].set_state.remote(state_ref)             # queued before any call that follows
+        if self._data_ref is not None:
+            self.workers[i].set_data.remote(self._data_ref)
+
+    def _respawn(self, i):
+        """End worker i (if it still runs) and start a new actor in its place."""
         try:
             ray.kill(self.workers[i])
         except Exception:              # already gone
             pass
         self.workers[i] = self._spawn()
         self.restarts += 1
-        self.workers[i].set_state.remote(state_ref)             # queued before any call that follows
-        if self._data_ref is not None:
-            self.workers[i].set_data.remote(self._data_ref)
 
     def _prepare(self, steps):
         """Give every worker the driver's state (at the fit's step ``steps``) and the
         fit's data, and wait; a dead worker is replaced."""
-        store = self.bwd.graph.store
-        self._state_ref = ray.put(([store[a:b] for a, b in self._slices], self.opt.state_dict(),
-                                   getattr(self.opt, "last_grad_norm", None), steps))
+        self._state_ref = ray.put(capture_state(self.bwd.graph.store, self._slices, self.opt, steps))
         self._driver_steps = steps
         tries = [0] * len(self.workers)
         todo = list(range(len(self.workers)))
@@ -198,7 +200,7 @@ class DataParallel:
             return
         for w in self.workers:
             try:
-                values, opt_state, norm, steps = ray.get(w.state.remote())
+                state = ray.get(w.state.remote())
                 break
             except DIED:
                 continue
@@ -207,16 +209,7 @@ class DataParallel:
                 raise _AllLost
             raise GraphError(f"DataParallel: every worker died; the replicas' steps after step "
                              f"{self._driver_steps} (the driver's state) are lost")
-        store = self.bwd.graph.store
-        for (a, b), v in zip(self._slices, values):
-            store[a:b] = v
-        hyper = self.opt._hyper()          # the driver's hyper-parameters stay the driver's
-        self.opt.load_state_dict(opt_state)
-        for key, v in hyper.items():
-            setattr(self.opt, key, v)
-        if norm is not None:
-            self.opt.last_grad_norm = norm
-        self._driver_steps = steps
+        self._driver_steps = restore_state(self.bwd.graph.store, self._slices, self.opt, state)
         self._stale = False
 
     def _worker_error(self, e, i, step):
@@ -352,13 +345,8 @@ class DataParallel:
         """Every replica died: new workers from the driver's last pulled state.  Returns
         the fit's step count at that state (the steps since are redone: the same bits)."""
         self._stale = False
-        for i, w in enumerate(self.workers):
-            try:
-                ray.kill(w)
-            except Exception:          # already gone
-                pass
-            self.workers[i] = self._spawn()
-            self.restarts += 1
+        for i in range(len(self.workers)):
+            self._respawn(i)
         self._prepare(self._driver_steps)
         return self._driver_steps
 

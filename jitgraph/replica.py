@@ -83,6 +83,30 @@ def _spans(slots: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     return out
 
 
+State = Tuple[List[np.ndarray], Dict[str, Any], Optional[float], int]
+
+
+def capture_state(store: np.ndarray, slices: List[Tuple[int, int]], opt: Optimizer, steps: int) -> State:
+    """(param values, optimizer state, last gradient norm, steps): a replica's state as
+    it moves between the driver and the workers (the values are views: Ray copies them)."""
+    return [store[a:b] for a, b in slices], opt.state_dict(), getattr(opt, "last_grad_norm", None), steps
+
+
+def restore_state(store: np.ndarray, slices: List[Tuple[int, int]], opt: Optimizer, state: State) -> int:
+    """Put ``state`` into ``store`` and ``opt``; returns its steps.  ``opt`` keeps its
+    hyper-parameters: they always come from the driver's optimizer (with every step)."""
+    values, opt_state, norm, steps = state
+    for (a, b), v in zip(slices, values):
+        store[a:b] = v
+    hyper = opt._hyper()
+    opt.load_state_dict(opt_state)
+    for key, v in hyper.items():
+        setattr(opt, key, v)
+    if norm is not None:
+        opt.last_grad_norm = norm
+    return steps
+
+
 class Worker:
     """One replica, run as a Ray actor: the program and the optimizer loaded from
     ``jg.save`` bytes.  ``grads`` runs the program on a shard; ``apply`` averages every
@@ -109,21 +133,11 @@ class Worker:
     def set_data(self, data: Optional[Dict[int, np.ndarray]]) -> None:
         self.data = data or {}
 
-    def state(self) -> Tuple[List[np.ndarray], Dict[str, Any], Optional[float], int]:
-        """(param values, optimizer state, last gradient norm, steps taken)."""
-        store = self.bwd.graph.store
-        return ([store[a:b] for a, b in self.slices], self.opt.state_dict(),
-                getattr(self.opt, "last_grad_norm", None), self.steps)
+    def state(self) -> State:
+        return capture_state(self.bwd.graph.store, self.slices, self.opt, self.steps)
 
-    def set_state(self, state: Tuple[List[np.ndarray], Dict[str, Any], Optional[float], int]) -> None:
-        values, opt_state, norm, steps = state
-        store = self.bwd.graph.store
-        for (a, b), v in zip(self.slices, values):
-            store[a:b] = v
-        self.opt.load_state_dict(opt_state)
-        if norm is not None:
-            self.opt.last_grad_norm = norm
-        self.steps = steps
+    def set_state(self, state: State) -> None:
+        self.steps = restore_state(self.bwd.graph.store, self.slices, self.opt, state)
 
     def steps_done(self) -> int:
         return self.steps
