@@ -217,3 +217,25 @@ print("ok")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), JITGRAPH_QUIET="1", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_warmup_passes_load_the_block_runner(monkeypatch):
+    """warmup's model is too small to need the block runner, so warmup asks for it."""
+    from jitgraph import interpreter
+    monkeypatch.setattr(interpreter, "_block_runners", {})
+    warmup._passes("float32")
+    assert list(interpreter._block_runners) == ["float32"]
+
+
+def test_first_use_helpers_are_plain_functions_without_jit():
+    """Under NUMBA_DISABLE_JIT, as with njit, a first-use helper is the Python function."""
+    code = """
+import types, numpy as np
+from jitgraph import emit, plan
+assert isinstance(plan._take, types.FunctionType) and isinstance(emit.new_node, types.FunctionType)
+assert plan._take(np.zeros(4, np.int64), np.zeros(4, np.int64), 0, 10, 5) == (10, 0, 15)
+print("ok")
+"""
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", JITGRAPH_QUIET="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-3000:]
