@@ -293,10 +293,12 @@ def _library_of(address):
     return info.dli_fname.decode()
 
 
-def _blas_threads_local(gemm_address):
-    """Address of OpenBLAS's ``openblas_set_num_threads_local`` in the library that holds
-    the gemm jitgraph calls.  Without one (another BLAS, or OpenBLAS before 0.3.27) that
-    library is limited to one thread process-wide, and 0 is returned."""
+def _blas_thread_setter(gemm_address):
+    """Address of OpenBLAS's ``openblas_set_num_threads_local`` (``int f(int)``, returning
+    the count it replaces; despite its name it sets the process-wide count, see
+    threads.hold_blas) in the library that holds the gemm jitgraph calls.  Without one
+    (another BLAS, or OpenBLAS before 0.3.27) that library is limited to one thread
+    process-wide, and 0 is returned."""
     path = _library_of(gemm_address)
     try:
         lib = ctypes.CDLL(path)
@@ -308,7 +310,7 @@ def _blas_threads_local(gemm_address):
 
 
 def _numpy_openblas(dtype):
-    """(gemm, thread-local setter) of numpy's bundled OpenBLAS (64-bit integers), or None.
+    """(gemm, thread count setter) of numpy's bundled OpenBLAS (64-bit integers), or None.
     It is a release newer than scipy's on these machines and 3-9% faster on the shapes
     transformers use (measured side by side, single-threaded)."""
     for info in threadpool_info():
@@ -338,7 +340,7 @@ def blas_library(dtype) -> str:
 
 def natives(dtype):
     """Addresses of the native functions runners call, for ``dtype``, and one constant:
-    [gemm, the BLAS's thread-local thread count setter or 0, 1 if gemm takes 64-bit
+    [gemm, the BLAS's thread count setter (see threads.hold_blas) or 0, 1 if gemm takes 64-bit
     integers, the most tiles a product is cut into (the thread pool's size, fixed for
     the process, so results never depend on set_num_threads)].  The BLAS is numpy's
     bundled OpenBLAS when it has one, else scipy's (the one Numba's np.dot uses), called
@@ -354,7 +356,7 @@ def natives(dtype):
         else:
             capi = scipy.linalg.cython_blas.__pyx_capi__
             gemm = _capsule_address(capi["sgemm" if dtype == np.float32 else "dgemm"])
-            got = np.array([gemm, _blas_threads_local(gemm), 0, max_threads()], np.int64)
+            got = np.array([gemm, _blas_thread_setter(gemm), 0, max_threads()], np.int64)
         _natives[dtype.name] = got
     return got
 

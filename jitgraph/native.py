@@ -142,27 +142,15 @@ def gemm64(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, b
     return sig, _gemm_codegen(64)
 
 
-@intrinsic
-def call_int(typingctx, address, value):
-    """``int f(int value)`` through the C function at ``address``."""
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(i32, [i32])
-        r = builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [builder.trunc(args[1], i32)])
-        return builder.sext(r, ir.IntType(64))
-    return types.int64(address, value), codegen
-
-
 # ---- the runners' context ----------------------------------------------------------------------
 
 RUN_ROWS, RUN_SRC, RUN_SHAPE, RUN_IP, RUN_FP, RUN_LOC, RUN_OFF = 0, 1, 2, 3, 4, 5, 6
 RUN_MEM_SIZE, RUN_STORE_SIZE, RUN_SALT, RUN_DETAIL = 7, 8, 9, 10
 RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
 RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
-RUN_BLAS_THREADS = 13      # address of the BLAS's thread-local thread count setter, or 0
-RUN_GEMM_ILP64 = 14        # 1 if that gemm takes 64-bit integers
-RUN_TILES = 15             # most tiles a product is cut into: the thread pool's size
-RUN_CTX = 16
+RUN_GEMM_ILP64 = 13        # 1 if that gemm takes 64-bit integers
+RUN_TILES = 14             # most tiles a product is cut into: the thread pool's size
+RUN_CTX = 15
 
 
 class RunView(NamedTuple):
@@ -195,7 +183,6 @@ def run_context(G, loc, off, mem, store, salt, natives):
     ctx[RUN_DETAIL] = 0
     ctx[RUN_GEMM] = natives[0]
     ctx[RUN_EXTENT] = 1
-    ctx[RUN_BLAS_THREADS] = natives[1]
     ctx[RUN_GEMM_ILP64] = natives[2]
     ctx[RUN_TILES] = natives[3]
     return ctx

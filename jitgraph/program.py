@@ -21,7 +21,7 @@ from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
 from .status import ERR_INDEX, ERR_NOT_COMPILED
-from .threads import enter_run
+from .threads import enter_run, hold_blas, release_blas
 from .viz import describe, plot_memory, render_svg, rich_html, to_dot
 
 Feeds = Mapping[Any, Any]     # {input tensor or its name: array}
@@ -95,6 +95,7 @@ class Program:
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
         self._op_codes = np.unique(nodes.op[self.order])   # once: per run it cost ~10 ns a node
+        self._calls_blas = any(OPS[int(c)].blas for c in self._op_codes)
         self._tables: Optional[Tuple[np.ndarray, np.ndarray, int]] = None   # (runners, natives, blocks) once compiled
 
     # ---- sizes --------------------------------------------------------------------
@@ -219,13 +220,19 @@ class Program:
         split = table("split")
         runners, natives, blocks = self._kernels(mem, salt, split)
         enter_run()
-        if debug:
-            status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
-                                                   salt, runners, natives, split, blocks, self.arena_elems,
-                                                   self._free_at, self._free_off, self._free_size)
-        else:
-            status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store, salt,
-                                             runners, natives, split, blocks)
+        setter = int(natives[1]) if self._calls_blas else 0
+        hold_blas(setter)
+        try:
+            if debug:
+                status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem,
+                                                       g.store, salt, runners, natives, split, blocks,
+                                                       self.arena_elems, self._free_at, self._free_off,
+                                                       self._free_size)
+            else:
+                status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
+                                                 salt, runners, natives, split, blocks)
+        finally:
+            release_blas(setter)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
         if self._running is not None:        # once per successful run, never for a failed one
@@ -267,11 +274,16 @@ class Program:
         enter_run()
         clock = time.perf_counter
         empty = self.order[:0]
-        base = min(_timed(run_nodes, G, empty, args, clock) for _ in range(20))
-        best = np.full(self.order.size, np.inf)
-        for _ in range(max(1, repeats)):
-            for t in range(self.order.size):
-                best[t] = min(best[t], _timed(run_nodes, G, self.order[t:t + 1], args, clock) - base)
+        setter = int(natives[1]) if self._calls_blas else 0
+        hold_blas(setter)
+        try:
+            base = min(_timed(run_nodes, G, empty, args, clock) for _ in range(20))
+            best = np.full(self.order.size, np.inf)
+            for _ in range(max(1, repeats)):
+                for t in range(self.order.size):
+                    best[t] = min(best[t], _timed(run_nodes, G, self.order[t:t + 1], args, clock) - base)
+        finally:
+            release_blas(setter)
         forward = set(getattr(self, "forward", self).order.tolist())
         groups: Dict[tuple, list] = {}
         for t, n in enumerate(self.order.tolist()):

@@ -72,6 +72,7 @@ class Op:
     public: bool                  # exported as jitgraph.<name>
     label: str                    # how pictures and tables name it
     split: str                    # how threads share a big node (SPLITS)
+    blas: bool = False            # its runner calls the BLAS (runs then hold the BLAS to one thread)
 
     @property
     def differentiable(self) -> bool:
@@ -85,7 +86,8 @@ BY_NAME: dict = {}      # name -> Op
 def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           runner: Optional[Callable[..., Any]] = None, vjp: Any = NO_GRAD, *, arity: int,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
-          label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None) -> int:
+          label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None,
+          blas: bool = False) -> int:
     """Declare an op; returns its code.  See the module docstring."""
     if code in OPS:
         raise ValueError(f"opcode {code} of {name!r} is already taken by {OPS[code].name!r}")
@@ -103,7 +105,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         owner = builder or runner
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
-                   public and builder is not None, label or name, split)
+                   public and builder is not None, label or name, split, blas)
     BY_NAME[name] = OPS[code]
     _tables.clear()
     return code

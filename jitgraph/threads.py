@@ -117,6 +117,43 @@ def single_threaded_blas(path: str) -> None:
             _blas_limiter.append(ThreadpoolController().select(filepath=path).limit(limits=1))
 
 
+_blas_lock = threading.Lock()
+_blas_holds: dict = {}       # setter address -> [runs in progress, the BLAS's thread count before the first]
+_setters: dict = {}
+
+
+def hold_blas(setter: int) -> None:
+    """A run that calls the BLAS starts: the BLAS runs on one thread until the last such
+    run ends (``release_blas``).  jitgraph gives each tile of a product to a one-thread
+    BLAS call on its own threads.  OpenBLAS's thread count is process-wide -- its
+    ``openblas_set_num_threads_local`` too sets the global count in a pthreads build --
+    so runs on several threads setting and restoring it each would race, and a product
+    that then ran on two BLAS threads can round differently (OpenBLAS 0.3.31's Haswell
+    kernels do): results would depend on the thread count and on timing.  Hence one
+    count of runs: the first sets 1, the last restores the count it found.  ``setter``:
+    the address of that function (0: nothing to do, the BLAS is limited process-wide).
+    Meanwhile numpy's products in other Python threads run on one thread too."""
+    if setter:
+        with _blas_lock:
+            held = _blas_holds.setdefault(setter, [0, 0])
+            if held[0] == 0:
+                fn = _setters.get(setter)
+                if fn is None:
+                    fn = _setters[setter] = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(setter)
+                held[1] = fn(1)
+            held[0] += 1
+
+
+def release_blas(setter: int) -> None:
+    """The run that called ``hold_blas(setter)`` ended (also when it failed)."""
+    if setter:
+        with _blas_lock:
+            held = _blas_holds[setter]
+            held[0] -= 1
+            if held[0] == 0:
+                _setters[setter](held[1])
+
+
 def enter_run() -> None:
     """Called in the thread about to run a program: Numba's count is per thread."""
     n = num_threads()

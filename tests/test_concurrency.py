@@ -1,11 +1,15 @@
 """Programs shared between Python threads: forward runs each get a run buffer of their
 own, backward runs (whose gradients are program state) are serialized by the program's
 lock -- every result equals the serial one."""
+import os
 import threading
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import jitgraph as jg
+from jitgraph import compiler
+from jitgraph.threads import hold_blas, release_blas
 
 
 def model():
@@ -85,3 +89,66 @@ def test_optimizer_steps_and_runs_from_threads_keep_params_consistent():
         t.join()
     np.testing.assert_array_equal(W1.value, want[0])
     np.testing.assert_array_equal(W2.value, want[1])
+
+
+# ---- the BLAS's thread count while programs run -----------------------------------------------------
+def blas_threads():
+    """The current thread count of the BLAS library jitgraph's products call."""
+    path = compiler.blas_library(np.float32)
+    return next(i["num_threads"] for i in threadpool_info() if os.path.samefile(i["filepath"], path))
+
+
+def test_runs_hold_the_blas_to_one_thread_from_the_first_start_to_the_last_end():
+    """OpenBLAS's openblas_set_num_threads_local sets the process-wide count: runs that each
+    set and restored it raced (one restored 2 threads under another's products)."""
+    setter = int(compiler.natives(np.float32)[1])
+    assert setter, "numpy's OpenBLAS (>= 0.3.27) has openblas_set_num_threads_local"
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() == 2
+        hold_blas(setter)
+        hold_blas(setter)
+        assert blas_threads() == 1
+        release_blas(setter)
+        assert blas_threads() == 1, "released while a run still calls the BLAS"
+        release_blas(setter)
+        assert blas_threads() == 2, "the last run did not restore the count it found"
+
+
+def test_products_and_attention_run_from_two_threads_at_once_give_the_serial_bits():
+    """Two programs with tiled products and attention (each also split over jitgraph's own
+    threads) run at once from two Python threads: every result is the serial one's, and
+    numpy's BLAS keeps its thread count afterwards."""
+    rng = np.random.default_rng(3)
+    g = jg.Graph(np.float32)
+    x = g.input((4, 128, 64), name="x")
+    Wq, Wk, Wv = (g.param(rng.standard_normal((64, 64)) / 8, name=n) for n in ("Wq", "Wk", "Wv"))
+    W = g.param(rng.standard_normal((64, 512)) / 8, name="W")
+    out = jg.attention(x @ Wq, x @ Wk, x @ Wv) @ W
+    fwd = jg.build_forward(jg.sum(out * out))
+    programs = [jg.build_backward(fwd), jg.build_backward(fwd)]
+    feeds = [rng.standard_normal((4, 128, 64)).astype(np.float32) for _ in range(4)]
+    want = []
+    for f in feeds:
+        loss = programs[0].run({x: f})
+        want.append([np.asarray(loss)] + [programs[0].grad(p) for p in (Wq, Wk, Wv, W)])
+    before = blas_threads()
+    wrong, errors = [], []
+
+    def worker(bwd):
+        try:
+            for i in range(60):
+                k = i % len(feeds)
+                got = [np.asarray(bwd.run({x: feeds[k]}))] + [bwd.grad(p) for p in (Wq, Wk, Wv, W)]
+                if not all(a.tobytes() == b.tobytes() for a, b in zip(got, want[k])):
+                    wrong.append(k)
+        except Exception as e:                  # a crash in a thread must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(bwd,)) for bwd in programs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not wrong, f"{len(wrong)} of 120 runs differ from the serial ones"
+    assert blas_threads() == before

@@ -47,7 +47,7 @@ from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor
 from ..ir import F_GRAD
-from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, call_int, data_pointer, gemm, gemm64,
+from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, data_pointer, gemm, gemm64,
                       operand, output, rule_view, run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..status import OK
@@ -253,15 +253,6 @@ def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo,
     return OK
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _blas_begin(v):
-    """(gemm address, ilp64, setter, the thread's BLAS thread count before): this thread's
-    BLAS calls run on one thread (jitgraph's threads share the work)."""
-    setter = v.ctx[RUN_BLAS_THREADS]
-    before = call_int(setter, 1) if setter != 0 else 0
-    return v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0, setter, before
-
-
 def _run_attention(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     sq = v.shape[v.src[n, 0]]
@@ -273,12 +264,10 @@ def _run_attention(n, lo, hi, ctx, mem, store):
         v.ctx[RUN_EXTENT] = units
         return OK
     lo, hi = span(lo, hi, units)
-    fn, ilp64, setter, before = _blas_begin(v)
+    fn, ilp64 = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0
     status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq,
                                v.shape[v.src[n, 1], 2], sq[3], v.fp[n, 0], v.ip[n, 0], BR, v.ip[n, 2],
                                lo, hi, fn, ilp64)
-    if setter != 0:
-        call_int(setter, before)
     return status
 
 
@@ -326,7 +315,7 @@ def _vjp_attention(n, k, g, ctx):
 
 
 defop(ATTENTION, "attention", attention, _run_attention, _vjp_attention, arity=3, cost=COMPUTE, flops=DOT,
-      split=CUSTOM)
+      split=CUSTOM, blas=True)
 
 
 # ---- backward ------------------------------------------------------------------------------------
@@ -408,14 +397,12 @@ def _run_attention_d(n, lo, hi, ctx, mem, store):
         v.ctx[RUN_EXTENT] = heads
         return OK
     lo, hi = span(lo, hi, heads)
-    fn, ilp64, setter, before = _blas_begin(v)
+    fn, ilp64 = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0
     status = attention_backward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2),
                                 operand(v, n, 3), sq[2], v.shape[v.src[n, 1], 2], sq[3], v.fp[n, 0], v.ip[n, 0],
                                 v.ip[n, 1], v.ip[n, 2], lo, hi, fn, ilp64)
-    if setter != 0:
-        call_int(setter, before)
     return status
 
 
 defop(ATTENTION_D, "attention_d", attention_d, _run_attention_d, arity=4, cost=COMPUTE, flops=DOT, split=CUSTOM,
-      public=False)
+      public=False, blas=True)

@@ -21,7 +21,7 @@ from numba import njit
 from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import (RUN_BLAS_THREADS, RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, RUN_TILES, call_int, data_pointer,
+from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, RUN_TILES, data_pointer,
                       gemm, gemm64, operand, output, rule_view, run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
 from ..status import OK
@@ -194,8 +194,6 @@ def _product(v, n, lo, hi):
         v.ctx[RUN_EXTENT] = units
         return OK
     lo, hi = span(lo, hi, units)
-    setter = v.ctx[RUN_BLAS_THREADS]
-    before = call_int(setter, 1) if setter != 0 else 0       # this thread's BLAS calls: one thread
     if one_gemm:                             # (..., M, K) @ (K, N): all leading rows in one GEMM, by tiles
         for u in range(lo, hi):
             r0 = (u // col_tiles) * row_step
@@ -212,8 +210,6 @@ def _product(v, n, lo, hi):
             ja = (i0 if sa[0] > 1 else 0) * sa[1] + (i1 if sa[1] > 1 else 0)
             jb = (i0 if sb[0] > 1 else 0) * sb[1] + (i1 if sb[1] > 1 else 0)
             _tile(fn, ilp64, out[b * M * N:], A[ja * size_a:], B[jb * size_b:], ta, tb, N, K, lda, ldb, 0, M, 0, N)
-    if setter != 0:
-        call_int(setter, before)
     return OK
 
 
@@ -272,4 +268,5 @@ def _vjp_matmul(n, k, g, ctx):
     return t
 
 
-defop(MATMUL, "matmul", matmul, _run_matmul, _vjp_matmul, arity=2, cost=COMPUTE, flops=DOT, split=CUSTOM)
+defop(MATMUL, "matmul", matmul, _run_matmul, _vjp_matmul, arity=2, cost=COMPUTE, flops=DOT, split=CUSTOM,
+      blas=True)
