@@ -10,30 +10,45 @@ vectors live in registers", so the two kernels below are emitted as IR by
 scalars.  They are inlined into the runners of ``ops/conv.py``, which choose the
 tiles and do all the bookkeeping in ordinary Numba code.
 
-* ``fma_tile(MR, R, V, vector)``: a tile of MR output rows (channels) x R rows x V
+* ``fma_tile(MR, R, V, vbytes)``: a tile of MR output rows (channels) x R rows x V
   vectors, ``out = sum_{i, j, c} w(m, i, j, c) * x(i, j, c, r, v)`` over a nest of
   three counted loops (kernel row i, kernel column j, channel c) whose addresses are
   linear in the indices.  The caller places the tile inside the output (clamping
   its start so it never leaves it: a tile overlapping its neighbour recomputes the
   same values, in the same order).
-* ``dot_tile(MR, NK, vector)``: MR x NK sums of products over a nest of (image, row,
+* ``dot_tile(MR, NK, vbytes)``: MR x NK sums of products over a nest of (image, row,
   vector) -- a weight gradient's contraction over every output position -- added
   to the output; the last vector of a row that is not a whole vector is read ending
   at the row's end, its lanes already counted masked to zero.  The lanes are added
   in a fixed order at the end.
 
-Vectors are ``VECTOR_BYTES`` of the graph's dtype (``lanes_of``), or single elements
-(``vector=False``) for rows narrower than a vector.  Every address is computed from
+A tile's vectors are ``vbytes`` bytes of the graph's dtype (``lanes_of``): VECTOR_BYTES,
+or WIDE_BYTES on a host with AVX-512, or single elements (``vbytes=0``) for rows narrower
+than a vector.  Every address is computed from
 the arguments; the callers check that tiles stay inside their arrays.  Results do
 not depend on where a tile starts or which thread runs it: each output element is
 a fixed sequence of fused multiply-adds.
 """
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 VECTOR_BYTES = 32            # 256-bit vectors: AVX2, and as fast as 512-bit ones on Zen 4 (measured)
+WIDE_BYTES = 64              # 512-bit vectors: 1.85x the convolutions' speed on Zen 5 (measured)
+
+
+def _host_has_avx512() -> bool:
+    """Do the tiles get 512-bit vectors here?  Not when the user picked a CPU for Numba
+    (NUMBA_CPU_NAME: a portable cache; without AVX-512 a 512-bit tile is split in two
+    and spills).  Numba's cache records the CPU's features: code compiled with wide
+    tiles never loads on a machine without them."""
+    if config.CPU_NAME or config.CPU_FEATURES:
+        return False
+    return bool(binding.get_host_cpu_features().get("avx512f", False))
+
+
+WIDE = _host_has_avx512()
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 
@@ -85,20 +100,20 @@ def _fma(builder, vt):
                                           f"llvm.fma.v{vt.count}{suffix}")
 
 
-def lanes_of(itemsize: int, vector: bool) -> int:
-    """Elements in one vector of the kernels (1: scalars)."""
-    return VECTOR_BYTES // itemsize if vector else 1
+def lanes_of(itemsize: int, vbytes: int) -> int:
+    """Elements in one vector of ``vbytes`` bytes (1: scalars, vbytes = 0)."""
+    return vbytes // itemsize if vbytes else 1
 
 
-def _types(context, dtype, vector):
+def _types(context, dtype, vbytes):
     ft = context.get_value_type(dtype)
     size = dtype.bitwidth // 8
-    lanes = lanes_of(size, vector)
+    lanes = lanes_of(size, vbytes)
     vt = ir.VectorType(ft, lanes)
     return lanes, vt, ir.Constant(vt, [ir.Constant(ft, 0.0)] * lanes), size
 
 
-def fma_tile(MR: int, R: int, V: int, vector: bool):
+def fma_tile(MR: int, R: int, V: int, vbytes: int):
     """The intrinsic ``tile(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)``:
     for m < MR, r < R, v < V,
     ``o[m*om + r*orow + v*lanes : +lanes] (+)= sum over i < n_i, j < n_j, c < n_c of
@@ -112,7 +127,7 @@ def fma_tile(MR: int, R: int, V: int, vector: bool):
 
         def codegen(context, builder, signature, args):
             x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc = args
-            lanes, vt, zero, size = _types(context, dtype, vector)
+            lanes, vt, zero, size = _types(context, dtype, vbytes)
             fma = _fma(builder, vt)
             xrow = [builder.gep(x, [builder.mul(I64(r), xr)]) for r in range(R)]
             wrow = [builder.gep(w, [builder.mul(I64(m), wm)]) for m in range(MR)]
@@ -162,7 +177,7 @@ def _hsum(builder, vec, lanes):
     return parts[0]
 
 
-def dot_tile(MR: int, NK: int, vector: bool):
+def dot_tile(MR: int, NK: int, vbytes: int):
     """The intrinsic ``tile(g, x, o, xoff, ooff, mv, kv, gm, om, n_img, g_img, x_img, n_rows, g_row,
     x_row, width)``: for m < mv, k < kv (at most MR, NK),
     ``o[m*om + ooff[k]] += sum over images, rows and the ``width`` columns of a row of
@@ -177,7 +192,7 @@ def dot_tile(MR: int, NK: int, vector: bool):
 
         def codegen(context, builder, signature, args):
             g, x, o, xoff, ooff, mv, kv, gm, om, n_img, g_img, x_img, n_rows, g_row, x_row, width = args
-            lanes, vt, zero, size = _types(context, dtype, vector)
+            lanes, vt, zero, size = _types(context, dtype, vbytes)
             fma = _fma(builder, vt)
 
             last = builder.sub(mv, I64(1))

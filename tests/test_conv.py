@@ -4,9 +4,12 @@ the direct and the windows lowering (ops/conv.py), their gradients against numpy
 second derivatives, thread-count independence and the memory plan of the windows."""
 import numpy as np
 import pytest
+from numba import njit
 
 import jitgraph as jg
-from jitgraph.ops.conv import TILE_SHAPES, conv2d_weight, lanes, pick_tile
+from jitgraph.native import data_pointer
+from jitgraph.ops.conv import TILE_SHAPES, _fma, conv2d_weight, lanes, pick_tile
+from jitgraph.simd import VECTOR_BYTES, WIDE_BYTES
 
 from .naive import col2im_ref, conv2d_weight_ref, im2col_ref
 from .test_threads import assert_same_bits, at_each_thread_count
@@ -175,6 +178,10 @@ def conv_program(x, w, g, dtype, **kw):
 # (input, weight, kwargs): each of the direct product's tiles, the windows path, groups and depthwise
 LOWERINGS = {
     "4 ch x 4 vectors, padded": ((2, 3, 6, 40), (8, 3, 3, 3), dict(padding=1)),
+    "4 ch x 4 wide vectors": ((1, 3, 1, 70), (5, 3, 1, 3), dict()),
+    "4 ch x 2 rows x 2 wide vectors": ((1, 2, 3, 34), (4, 2, 2, 3), dict(padding=(1, 0))),
+    "4 ch x 4 rows x 1 wide vector": ((2, 3, 6, 18), (4, 3, 3, 3), dict(padding=1)),
+    "depthwise: 1 ch x 4 wide vectors": ((1, 2, 2, 66), (2, 1, 1, 3), dict(groups=2)),
     "4 ch x 2 rows x 2 vectors": ((2, 4, 5, 20), (5, 4, 3, 1), dict(padding=(1, 0))),
     "4 ch x 4 rows x 1 vector, dilated": ((1, 2, 12, 14), (6, 2, 2, 3), dict(padding=2, dilation=2)),
     "4 ch x 1 vector": ((2, 3, 3, 12), (4, 3, 2, 2), dict()),
@@ -213,18 +220,63 @@ def test_each_lowering_matches_numpy_forward_and_gradients(case, dtype):
 
 
 def test_the_lowerings_reach_every_tile_shape():
-    """The shapes above pick every tile of the direct product (float32 lanes)."""
-    picked = set()
+    """The shapes above pick every tile of the direct product (float32 lanes): every 256-bit
+    and scalar tile without AVX-512, and every 512-bit tile with it."""
+    picked = {False: set(), True: set()}
     for xs, ws, kw in LOWERINGS.values():
         graph = jg.Graph(np.float32)
         y = jg.conv2d(graph.input(xs), graph.input(ws), **kw)
         (read,) = [s for s in y.sources[2:]]
         Og = ws[0] // kw.get("groups", 1)
-        if ws[2:] == (1, 1) and read.shape[2:] == y.shape[2:]:
-            picked.add(pick_tile(Og, 1, y.shape[2] * y.shape[3], lanes(graph)))
-        else:
-            picked.add(pick_tile(Og, y.shape[2], y.shape[3], lanes(graph)))
-    assert picked == set(range(len(TILE_SHAPES)))
+        for wide in (False, True):
+            if ws[2:] == (1, 1) and read.shape[2:] == y.shape[2:]:
+                picked[wide].add(pick_tile(Og, 1, y.shape[2] * y.shape[3], lanes(graph), wide))
+            else:
+                picked[wide].add(pick_tile(Og, y.shape[2], y.shape[3], lanes(graph), wide))
+    wide_tiles = {f for f, shape in enumerate(TILE_SHAPES) if shape[3] == WIDE_BYTES}
+    assert picked[False] == set(range(len(TILE_SHAPES))) - wide_tiles
+    assert wide_tiles <= picked[True]
+
+
+@njit(cache=True)
+def _tile_at(f, x, w, o, at, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, om):
+    """One tile of kind f whose output (and input) rows start ``at`` elements in."""
+    _fma(f, data_pointer(x[at:]), data_pointer(w), data_pointer(o[at:]), n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm,
+         0, om, 0, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("narrow,wide", [(0, 8), (5, 11)])
+def test_a_512_bit_tile_gives_the_bits_of_the_256_bit_tiles_it_replaces(dtype, narrow, wide):
+    """Each output element is one fixed sequence of fused multiply-adds whatever the
+    vector width: a 512-bit tile equals two 256-bit tiles side by side, bit for bit (and
+    both equal the sum computed in numpy up to rounding)."""
+    rng = np.random.default_rng(5)
+    n_i, n_j, n_c = 3, 2, 5
+    span = TILE_SHAPES[wide][2] * WIDE_BYTES // np.dtype(dtype).itemsize        # output positions of the wide tile
+    half = TILE_SHAPES[narrow][2] * VECTOR_BYTES // np.dtype(dtype).itemsize
+    assert span == 2 * half
+    xi, xj, xc = span + 7, 1, 3 * (span + 7) + 2                 # rows, taps, channels of a padded input
+    x = rng.standard_normal(n_c * xc + span).astype(dtype)
+    w = rng.standard_normal(4 * n_i * n_j * n_c).astype(dtype)
+    wi, wj, wc, wm = n_j, 1, n_i * n_j, n_i * n_j * n_c
+    om = span + 3
+    one, two = np.zeros(4 * om, dtype), np.zeros(4 * om, dtype)
+    _tile_at(wide, x, w, one, 0, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, om)
+    for at in (0, half):
+        _tile_at(narrow, x, w, two, at, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, om)
+    assert one.tobytes() == two.tobytes()
+    rows = TILE_SHAPES[wide][0]
+    want = np.zeros((rows, span))
+    for m in range(rows):
+        for i in range(n_i):
+            for j in range(n_j):
+                for c in range(n_c):
+                    s0 = i * xi + j * xj + c * xc
+                    want[m] += float(w[m * wm + i * wi + j * wj + c * wc]) * x[s0:s0 + span].astype(np.float64)
+    got = one.reshape(4, om)[:rows, :span]
+    np.testing.assert_allclose(got, want, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-4)
+    assert not one.reshape(4, om)[:rows, span:].any() and not one.reshape(4, om)[rows:].any()
 
 
 @pytest.mark.parametrize("shape,kw", [((2, 2, 5, 6), dict(padding=1)), ((2, 2, 5, 6), dict(stride=2, padding=1)),

@@ -4,10 +4,10 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
 
 * **stride 1** (padding at most the kernel's reach): a *direct* product.  x is
   zero-padded once (an ``im2col`` node with a 1x1 kernel: a copy 1.1-1.6x the size of
-  x), then each tile of 4 output channels x 32 output positions of one image is 16
-  vector accumulators that stay in registers while the contraction over input
-  channels and kernel taps streams past (simd.fma_tile): the windows are read from the
-  padded input as shifted rows, never copied.  A 1x1 stride-1 convolution without
+  x), then each tile of 4 output channels x 32 output positions of one image (64 with
+  AVX-512's 512-bit vectors) is 16 vector accumulators that stay in registers while the
+  contraction over input channels and kernel taps streams past (simd.fma_tile): the
+  windows are read from the padded input as shifted rows, never copied.  A 1x1 stride-1 convolution without
   padding reads x itself, all of an image's positions as one row.
 * **stride s > 1** (no dilation): the padded input is split into its s x s *phases*
   (an ``im2col`` whose kernel is its stride: a space-to-depth the size of the input),
@@ -48,7 +48,7 @@ from ..graph import Tensor
 from ..ir import F_GRAD
 from ..native import RUN_EXTENT, data_pointer, operand, output, rule_view, run_view, span
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
-from ..simd import VECTOR_BYTES, dot_tile, fma_tile
+from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, dot_tile, fma_tile
 from ..status import ERR_BAD_NODE, NO_CONTRIBUTION, OK
 from .common import need_tensor
 from .shape import RESHAPE, reshape
@@ -134,16 +134,32 @@ def conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, dilation: in
     return reshape(y, (N, y.shape[1], y.shape[3]))
 
 
-# the tiles of the product: (rows of 4 channels or 1) x R rows x V vectors, or scalars
-F0, F1, F2, F3 = fma_tile(4, 1, 4, True), fma_tile(4, 2, 2, True), fma_tile(4, 4, 1, True), fma_tile(4, 1, 1, True)
-F4, F5, F6, F7 = fma_tile(4, 1, 1, False), fma_tile(1, 1, 4, True), fma_tile(1, 1, 1, True), fma_tile(1, 1, 1, False)
-TILE_SHAPES = ((4, 1, 4, 1), (4, 2, 2, 1), (4, 4, 1, 1), (4, 1, 1, 1), (4, 1, 1, 0), (1, 1, 4, 1), (1, 1, 1, 1),
-               (1, 1, 1, 0))     # (channels, rows, vectors, vector or scalar), as F0 ... F7
+# the tiles of the product: (rows of 4 channels or 1) x R rows x V vectors of 256 bits, or
+# scalars; with AVX-512 also of 512 bits (F8 - F11).  Each output element is the same fixed
+# sequence of fused multiply-adds in every tile: the choice changes speed, never a bit.
+B, W = VECTOR_BYTES, WIDE_BYTES
+F0, F1, F2, F3 = fma_tile(4, 1, 4, B), fma_tile(4, 2, 2, B), fma_tile(4, 4, 1, B), fma_tile(4, 1, 1, B)
+F4, F5, F6, F7 = fma_tile(4, 1, 1, 0), fma_tile(1, 1, 4, B), fma_tile(1, 1, 1, B), fma_tile(1, 1, 1, 0)
+F8, F9, F10, F11 = fma_tile(4, 1, 4, W), fma_tile(4, 2, 2, W), fma_tile(4, 4, 1, W), fma_tile(1, 1, 4, W)
+TILE_SHAPES = ((4, 1, 4, B), (4, 2, 2, B), (4, 4, 1, B), (4, 1, 1, B), (4, 1, 1, 0), (1, 1, 4, B), (1, 1, 1, B),
+               (1, 1, 1, 0), (4, 1, 4, W), (4, 2, 2, W), (4, 4, 1, W), (1, 1, 4, W))
+# (channels, rows, vectors, bytes per vector or 0 for scalars), as F0 ... F11
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def pick_tile(channels, OH, OW, L):
-    """The largest tile of TILE_SHAPES that fits an output of OH x OW with ``channels`` per group."""
+def pick_tile(channels, OH, OW, L, wide):
+    """The largest tile of TILE_SHAPES that fits an output of OH x OW with ``channels`` per
+    group (L: elements in 256 bits; ``wide``: 512-bit tiles may be used)."""
+    if wide:
+        if channels >= 4:
+            if OW >= 8 * L:
+                return 8
+            if OW >= 4 * L and OH >= 2:
+                return 9
+            if OW >= 2 * L and OH >= 4:
+                return 10
+        elif OW >= 8 * L:
+            return 11
     if channels >= 4:
         if OW >= 4 * L:
             return 0
@@ -173,8 +189,16 @@ def _fma(f, x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
         F5(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 6:
         F6(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
-    else:
+    elif f == 7:
         F7(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
+    elif f == 8:
+        F8(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
+    elif f == 9:
+        F9(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
+    elif f == 10:
+        F10(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
+    else:
+        F11(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -214,9 +238,9 @@ def conv_tiles(v, n, lo, hi):
             or Co % (S_out * groups) or N != v.shape[n, 0]:
         return ERR_BAD_NODE                  # the builders never make one: no kernel reads out of bounds
     L = VECTOR_BYTES // v.mem.itemsize
-    f = pick_tile(Og, OH, OW, L)
-    MR, R, V, vec = TILE_SHAPES[f]
-    width = V * L if vec else V
+    f = pick_tile(Og, OH, OW, L, WIDE)
+    MR, R, V, vbytes = TILE_SHAPES[f]
+    width = V * (vbytes // v.mem.itemsize) if vbytes else V
     n_r, n_c, n_v = (OH + R - 1) // R, (Og + MR - 1) // MR, (OW + width - 1) // width
     n_b = groups * S_out * n_c
     units = N * n_r * n_b * n_v
@@ -363,7 +387,7 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
                          ip=d + (groups, FLIP if flip else FWD, 1, 1, 0, g.shape[0] * g.shape[2] * g.shape[3]))
 
 
-D0, D1 = dot_tile(4, 4, True), dot_tile(4, 4, False)
+D0, D1, D2 = dot_tile(4, 4, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -403,7 +427,9 @@ def weight_blocks(v, n, lo, hi):
         v.ctx[RUN_EXTENT] = groups * n_m
         return OK
     lo, hi = span(lo, hi, groups * n_m)
-    vec = OW >= VECTOR_BYTES // v.mem.itemsize
+    # 512-bit lanes (with AVX-512) change the order of a sum's partial sums: the bits differ
+    # from another host's, never between runs, thread counts or checkpointed recomputations
+    tile = 2 if WIDE and OW >= WIDE_BYTES // v.mem.itemsize else 0 if OW >= VECTOR_BYTES // v.mem.itemsize else 1
     om = Cr * T if mode == FWD else T     # FWD: out[co, c, i, j], rows co; FLIP: out[co, c, ...], rows c
     chunk = max(1, CHUNK_BYTES // ((Cr * S_in * Hp * Wp + 4 * S_g * OH * OW) * v.mem.itemsize))
     g, x, out = operand(v, n, 0), operand(v, n, 1), output(v, n)
@@ -434,7 +460,10 @@ def weight_blocks(v, n, lo, hi):
                                       tj, Mg, mode)
                         a3, b3 = _tap(min(t0 + 3, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
                                       tj, Mg, mode)
-                        if vec:
+                        if tile == 2:
+                            D2(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
+                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
+                        elif tile == 0:
                             D0(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
                                Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
                         else:
