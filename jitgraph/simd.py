@@ -113,13 +113,36 @@ def _types(context, dtype, vbytes):
     return lanes, vt, ir.Constant(vt, [ir.Constant(ft, 0.0)] * lanes), size
 
 
-def fma_tile(MR: int, R: int, V: int, vbytes: int):
+def _rows_load(builder, ptrs, vt, size):
+    """One vector from equal parts at ``ptrs`` (element pointers), concatenated in order."""
+    part = ir.VectorType(vt.element, vt.count // len(ptrs))
+    vals = [builder.load(builder.bitcast(p, part.as_pointer()), align=size) for p in ptrs]
+    while len(vals) > 1:
+        n = vals[0].type.count
+        vals = [builder.shuffle_vector(vals[k], vals[k + 1], ir.Constant(ir.VectorType(I32, 2 * n),
+                                                                          list(range(2 * n))))
+                for k in range(0, len(vals), 2)]
+    return vals[0]
+
+
+def _rows_store(builder, value, ptrs, size):
+    """``value``'s equal parts stored at ``ptrs`` in order."""
+    n = value.type.count // len(ptrs)
+    part = ir.VectorType(value.type.element, n)
+    for k, p in enumerate(ptrs):
+        piece = builder.shuffle_vector(value, ir.Constant(value.type, ir.Undefined),
+                                       ir.Constant(ir.VectorType(I32, n), list(range(k * n, (k + 1) * n))))
+        builder.store(piece, builder.bitcast(p, part.as_pointer()), align=size)
+
+
+def fma_tile(MR: int, R: int, V: int, vbytes: int, rows: int = 1):
     """The intrinsic ``tile(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)``:
-    for m < MR, r < R, v < V,
-    ``o[m*om + r*orow + v*lanes : +lanes] (+)= sum over i < n_i, j < n_j, c < n_c of
-    w[m*wm + i*wi + j*wj + c*wc] * x[i*xi + j*xj + c*xc + r*xr + v*lanes : +lanes]``
+    for m < MR, r < R * rows, v < V, with ``step = lanes / rows`` columns per vector and row,
+    ``o[m*om + r*orow + v*step : +step] (+)= sum over i < n_i, j < n_j, c < n_c of
+    w[m*wm + i*wi + j*wj + c*wc] * x[i*xi + j*xj + c*xc + r*xr + v*step : +step]``
     (x, w, o typed pointers of one float dtype; the rest int64), added to o's values when
-    ``acc`` is not 0 (the sums continue from them)."""
+    ``acc`` is not 0 (the sums continue from them).  ``rows`` = 2: each vector holds two
+    rows' columns (loaded in halves) -- 512-bit vectors for rows of 256 bits."""
     @intrinsic
     def tile(typingctx, x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc):
         sig = types.void(x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
@@ -129,14 +152,17 @@ def fma_tile(MR: int, R: int, V: int, vbytes: int):
             x, w, o, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc = args
             lanes, vt, zero, size = _types(context, dtype, vbytes)
             fma = _fma(builder, vt)
-            xrow = [builder.gep(x, [builder.mul(I64(r), xr)]) for r in range(R)]
+            step = lanes // rows
+            xrow = [builder.gep(x, [builder.mul(I64(r), xr)]) for r in range(R * rows)]
             wrow = [builder.gep(w, [builder.mul(I64(m), wm)]) for m in range(MR)]
-            at = [_at(builder, o, builder.add(builder.add(builder.mul(I64(m), om), builder.mul(I64(r), orow)),
-                                              I64(v * lanes)), vt)
+            # each output vector's parts: element pointers, one per row it holds
+            at = [[builder.gep(o, [builder.add(builder.add(builder.mul(I64(m), om),
+                                                           builder.mul(I64(r * rows + k), orow)), I64(v * step))])
+                   for k in range(rows)]
                   for m in range(MR) for r in range(R) for v in range(V)]
             start = builder.icmp_signed("!=", acc, I64(0))
             # the output tile is in bounds either way: loaded always, kept only when continuing
-            init = [builder.select(start, builder.load(p, align=size), zero) for p in at]
+            init = [builder.select(start, _rows_load(builder, p, vt, size), zero) for p in at]
 
             def over_i(i, accs):
                 xb = builder.mul(i, xi)
@@ -149,7 +175,8 @@ def fma_tile(MR: int, R: int, V: int, vbytes: int):
                     def over_c(c, accs):
                         xo = builder.add(xjb, builder.mul(c, xc))
                         wo = builder.add(wjb, builder.mul(c, wc))
-                        xs = [[builder.load(_at(builder, xrow[r], builder.add(xo, I64(v * lanes)), vt), align=size)
+                        xs = [[_rows_load(builder, [builder.gep(xrow[r * rows + k], [builder.add(xo, I64(v * step))])
+                                                    for k in range(rows)], vt, size)
                                for v in range(V)] for r in range(R)]
                         new = []
                         for m in range(MR):
@@ -162,7 +189,7 @@ def fma_tile(MR: int, R: int, V: int, vbytes: int):
                 return _loop(builder, n_j, accs, over_j)
             accs = _loop(builder, n_i, init, over_i)
             for p, value in zip(at, accs):
-                builder.store(value, p, align=size)
+                _rows_store(builder, value, p, size)
             return context.get_dummy_value()
         return sig, codegen
     return tile

@@ -135,15 +135,18 @@ def conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, dilation: in
 
 
 # the tiles of the product: (rows of 4 channels or 1) x R rows x V vectors of 256 bits, or
-# scalars; with AVX-512 also of 512 bits (F8 - F11).  Each output element is the same fixed
-# sequence of fused multiply-adds in every tile: the choice changes speed, never a bit.
+# scalars; with AVX-512 also of 512 bits (F8 - F11), and F12, whose 512-bit vectors hold
+# two rows of 256 bits each (8 x 8 planes in float32).  Each output element is the same
+# fixed sequence of fused multiply-adds in every tile: the choice changes speed, never a bit.
 B, W = VECTOR_BYTES, WIDE_BYTES
 F0, F1, F2, F3 = fma_tile(4, 1, 4, B), fma_tile(4, 2, 2, B), fma_tile(4, 4, 1, B), fma_tile(4, 1, 1, B)
 F4, F5, F6, F7 = fma_tile(4, 1, 1, 0), fma_tile(1, 1, 4, B), fma_tile(1, 1, 1, B), fma_tile(1, 1, 1, 0)
 F8, F9, F10, F11 = fma_tile(4, 1, 4, W), fma_tile(4, 2, 2, W), fma_tile(4, 4, 1, W), fma_tile(1, 1, 4, W)
-TILE_SHAPES = ((4, 1, 4, B), (4, 2, 2, B), (4, 4, 1, B), (4, 1, 1, B), (4, 1, 1, 0), (1, 1, 4, B), (1, 1, 1, B),
-               (1, 1, 1, 0), (4, 1, 4, W), (4, 2, 2, W), (4, 4, 1, W), (1, 1, 4, W))
-# (channels, rows, vectors, bytes per vector or 0 for scalars), as F0 ... F11
+F12 = fma_tile(4, 4, 1, W, rows=2)
+TILE_SHAPES = ((4, 1, 4, B, 1), (4, 2, 2, B, 1), (4, 4, 1, B, 1), (4, 1, 1, B, 1), (4, 1, 1, 0, 1), (1, 1, 4, B, 1),
+               (1, 1, 1, B, 1), (1, 1, 1, 0, 1), (4, 1, 4, W, 1), (4, 2, 2, W, 1), (4, 4, 1, W, 1), (1, 1, 4, W, 1),
+               (4, 4, 1, W, 2))
+# (channels, vectors down, vectors across, bytes per vector or 0 for scalars, rows per vector), as F0 ... F12
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -158,6 +161,8 @@ def pick_tile(channels, OH, OW, L, wide):
                 return 9
             if OW >= 2 * L and OH >= 4:
                 return 10
+            if OW >= L and OH >= 8:
+                return 12
         elif OW >= 8 * L:
             return 11
     if channels >= 4:
@@ -197,8 +202,10 @@ def _fma(f, x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
         F9(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
     elif f == 10:
         F10(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
-    else:
+    elif f == 11:
         F11(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
+    else:
+        F12(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -239,8 +246,9 @@ def conv_tiles(v, n, lo, hi):
         return ERR_BAD_NODE                  # the builders never make one: no kernel reads out of bounds
     L = VECTOR_BYTES // v.mem.itemsize
     f = pick_tile(Og, OH, OW, L, WIDE)
-    MR, R, V, vbytes = TILE_SHAPES[f]
-    width = V * (vbytes // v.mem.itemsize) if vbytes else V
+    MR, down, V, vbytes, per = TILE_SHAPES[f]
+    R = down * per                           # output rows of a tile
+    width = V * (vbytes // v.mem.itemsize // per) if vbytes else V
     n_r, n_c, n_v = (OH + R - 1) // R, (Og + MR - 1) // MR, (OW + width - 1) // width
     n_b = groups * S_out * n_c
     units = N * n_r * n_b * n_v
