@@ -43,7 +43,7 @@ def _host_has_avx512() -> bool:
     (NUMBA_CPU_NAME: a portable cache; without AVX-512 a 512-bit tile is split in two
     and spills).  Numba's cache records the CPU's features: code compiled with wide
     tiles never loads on a machine without them."""
-    if config.CPU_NAME or config.CPU_FEATURES:
+    if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
         return False
     return bool(binding.get_host_cpu_features().get("avx512f", False))
 
