@@ -7,8 +7,8 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
   x), then each tile of 4 output channels x 32 output positions of one image (64 with
   AVX-512's 512-bit vectors) is 16 vector accumulators that stay in registers while the
   contraction over input channels and kernel taps streams past (simd.fma_tile): the
-  windows are read from the padded input as shifted rows, never copied.  A 1x1 stride-1 convolution without
-  padding reads x itself, all of an image's positions as one row.
+  windows are read from the padded input as shifted rows, never copied.  A 1x1 stride-1
+  convolution without padding reads x itself, all of an image's positions as one row.
 * **stride s > 1** (no dilation): the padded input is split into its s x s *phases*
   (an ``im2col`` whose kernel is its stride: a space-to-depth the size of the input),
   and each phase is a stride-1 product with the kernel taps of that phase, the phases
