@@ -45,7 +45,7 @@ def ht_new(expected_keys):
     return (keys, vals, used, meta)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _hash(key):
     # Keys are node ids: dense, small, visited in near order.  Identity on the low
     # bits keeps neighbouring ids in neighbouring slots (cache-friendly, and no
@@ -90,7 +90,7 @@ def ht_get_or(table, key, default):
     return table[1][s]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ht_insert(table, key, val):
     """Set ``key -> val``: INSERTED, UPDATED, or FULL (nothing done: ht_grow first)."""
     s = ht_slot(table, key)
@@ -108,7 +108,7 @@ def ht_insert(table, key, val):
     return INSERTED
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def hs_add(table, key):
     """Set insert: INSERTED for a new key, FOUND if present, FULL (ht_grow first)."""
     s = ht_slot(table, key)

@@ -49,7 +49,7 @@ def _fma(typingctx, a, b, c):
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _horner(x, c):
     """c[0] x^k + c[1] x^(k-1) + ... + c[k] by Horner's rule, each step one _fma; c a
     tuple of float32 coefficients, highest power first."""
@@ -68,19 +68,19 @@ _EXP_TAYLOR = tuple(F(1.0 / math.factorial(k)) for k in range(7, -1, -1))     # 
 _LOG_ATANH = tuple(F(2.0 / k) for k in range(11, 0, -2))                    # 2/11, 2/9, ..., 2/1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _exp_reduced(x, n):
     """e^r for r = x - n ln 2 (|r| <= ln 2 / 2)."""
     return _exp_poly((x - n * _LN2_HI) - n * _LN2_LO)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _exp_poly(r):
     """e^r for |r| <= ln 2 / 2 (a little more is fine): Taylor to degree 7."""
     return _horner(r, _EXP_TAYLOR)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _exp32(x):
     t = x * _LOG2E
     n = np.floor(t + F(0.5))
@@ -94,7 +94,7 @@ def _exp32(x):
     return x if x != x else y             # NaN stays NaN
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _exp32_nonpositive(x):
     """_exp32 for x <= 0 -- bit for bit, without its overflow and NaN selects (~35% faster in
     a softmax's loop; a NaN still gives NaN, through r)."""
@@ -109,7 +109,7 @@ _SQRT_HALF = F(0.70710678118654752)
 _TINY = F(1.1754943508222875e-38)       # smallest normal float32
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _log32(x):
     sub = x < _TINY                                            # subnormal: scale up by 2**23 first
     xs = x * F(8388608.0) if sub else x
@@ -136,7 +136,7 @@ _TANH = (0.9999999998993981, -0.3333333059853887, 0.1333321250130512, -0.0539482
 _TANH32 = tuple(F(c) for c in reversed(_TANH))       # for _horner: highest power first
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _tanh32(x):
     a = abs(x)
     x2 = x * x
@@ -147,7 +147,7 @@ def _tanh32(x):
     return small if a < F(0.625) else big
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _sigmoid32(x):
     return F(1.0) / (F(1.0) + _exp32(-x))
 
@@ -164,7 +164,7 @@ _ERF = (1.1283791670674093, -0.37612638176169666, 0.11283761491607566, -0.026861
 _ERF32 = tuple(F(c) for c in reversed(_ERF))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _exp_half_sq32(x):
     """exp(-x^2 / 2) to a few ulp: x^2 rounded to float32 would cost ~x^2 ulp, so x is
     split in two halves whose square's leading part is exact."""
@@ -178,7 +178,7 @@ def _exp_half_sq32(x):
     return F(0.0) if abs(x) == F(np.inf) else y        # inf - inf would make lo NaN
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _normal32(x):
     """(CDF, density) of the standard normal at x: Phi = 0.5 erfc(-x / sqrt 2), with
     erfc(z) = t Q(s) e^{-z^2}, and phi = e^{-x^2/2} / sqrt(2 pi), sharing e^{-x^2/2}."""
@@ -234,35 +234,35 @@ def normal(x):
     return phi_cdf(x), phi_pdf(x)
 
 
-@overload(exp, inline="always")
+@overload(exp)
 def _ov_exp(x):
     if x == types.float32:
         return _exp32.py_func
     return lambda x: math.exp(x)
 
 
-@overload(exp_nonpositive, inline="always")
+@overload(exp_nonpositive)
 def _ov_exp_nonpositive(x):
     if x == types.float32:
         return _exp32_nonpositive.py_func
     return lambda x: exp(x)                  # float64: exp itself
 
 
-@overload(log, inline="always")
+@overload(log)
 def _ov_log(x):
     if x == types.float32:
         return _log32.py_func
     return lambda x: math.log(x)
 
 
-@overload(tanh, inline="always")
+@overload(tanh)
 def _ov_tanh(x):
     if x == types.float32:
         return _tanh32.py_func
     return lambda x: math.tanh(x)
 
 
-@overload(sigmoid, inline="always")
+@overload(sigmoid)
 def _ov_sigmoid(x):
     if x == types.float32:
         return _sigmoid32.py_func
@@ -275,21 +275,21 @@ def _ov_sigmoid(x):
     return impl
 
 
-@overload(phi_cdf, inline="always")
+@overload(phi_cdf)
 def _ov_phi_cdf(x):
     if x == types.float32:
         return lambda x: _normal32(x)[0]
     return lambda x: 0.5 * math.erfc(-x * 0.7071067811865476)
 
 
-@overload(phi_pdf, inline="always")
+@overload(phi_pdf)
 def _ov_phi_pdf(x):
     if x == types.float32:
         return lambda x: _exp_half_sq32(x) * F(0.3989422804014327)
     return lambda x: math.exp(-0.5 * x * x) * 0.3989422804014327
 
 
-@overload(normal, inline="always")
+@overload(normal)
 def _ov_normal(x):
     if x == types.float32:
         return _normal32.py_func
@@ -301,7 +301,7 @@ def like(a, c):
     return c
 
 
-@overload(like, inline="always")
+@overload(like)
 def _ov_like(a, c):
     if a == types.float32:
         return lambda a, c: np.float32(c)
@@ -313,7 +313,7 @@ def in_dtype_of(arr, c):
     return c
 
 
-@overload(in_dtype_of, inline="always")
+@overload(in_dtype_of)
 def _ov_in_dtype_of(arr, c):
     if arr.dtype == types.float32:
         return lambda arr, c: np.float32(c)
@@ -325,18 +325,18 @@ def _ov_in_dtype_of(arr, c):
 # vector register (it never reorders a single float sum by itself).  They take the run
 # as a slice and index it from 0: an index LLVM cannot prove non-negative carries
 # Numba's wraparound test, which keeps a loop from vectorizing.
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def sum8(x):
     return _sum8(x, in_dtype_of(x, 0.0))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def sum8_f64(x):
     """sum8 accumulated in float64 whatever x's dtype."""
     return _sum8(x, 0.0)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sum8(x, z):
     """The sum of x with eight running partials starting from z (its type is the
     accumulator's), combined pairwise at the end."""
@@ -359,19 +359,19 @@ def _sum8(x, z):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def dot8(x, y):
     """sum of x[j] * y[j]."""
     return _dot8(x, y, in_dtype_of(x, 0.0))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def dot8_f64(x, y):
     """dot8 accumulated in float64 whatever x's dtype."""
     return _dot8(x, y, 0.0)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _dot8(x, y, z):
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     m = x.size
@@ -392,7 +392,7 @@ def _dot8(x, y, z):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def sqdev8(x, mu):
     """sum of (x[j] - mu)^2."""
     z = in_dtype_of(x, 0.0)
@@ -424,7 +424,7 @@ def sqdev8(x, mu):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def dotdev8(g, x, mu):
     """sum of g[j] * (x[j] - mu)."""
     z = in_dtype_of(x, 0.0)
@@ -447,7 +447,7 @@ def dotdev8(g, x, mu):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def max8(x):
     """max of x; NaN if any element is NaN."""
     lo = in_dtype_of(x, -np.inf)

@@ -113,7 +113,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
 
 
 # ---- the kernels' pieces -------------------------------------------------------------------------
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _mm(fn, ilp64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
     """Row-major C (M x N, row stride ldc) = alpha op(A) op(B) + beta C, the matrices starting
     at the first elements of A, B, C (op: transposed when ta / tb is 1): the column-major
@@ -124,7 +124,7 @@ def _mm(fn, ilp64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
         gemm(fn, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _first_seen(causal, key, q0, rows):
     """The first of query rows [q0, q0 + rows) that sees ``key`` (keys <= query when causal)."""
     return 0 if causal == 0 else min(rows, max(0, key - q0))
@@ -206,7 +206,7 @@ def _stats(fn, ilp64, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr
     return OK
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _scratch(out, rows, keys):
     """A call's scratch: transposed scores (keys x rows), and per query row the maximum, sum,
     correction factor and a spare."""

@@ -171,7 +171,7 @@ def batch_norm_dx(g: Tensor, x: Tensor, p: Tensor, weight: Optional[Tensor] = No
 WIDTH = 1024      # float64 accumulators of a channel: a plane is added into them WIDTH elements at a time
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _plane_sums(acc, ad, g, x, b, S, mu, what):
     """Add the plane of S elements at b into the accumulators, chunk by chunk: (what 0)
     acc += x; (1) acc += (x - mu)^2; (2) acc += g, ad += g (x - mu).  Elementwise adds, so
@@ -295,7 +295,7 @@ def coefficients(like, p, w, b, has_w, has_b, C, M, eps, mode):
 
 # Runs of the passes.  In place, a loop reads y itself: with a separate name for the same
 # memory, LLVM's overlap check would pick its scalar loop.
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _affine(y, us, a, mu, k, m):
     """y[j] = a (u[j] - mu) + k."""
     if same_data(y, us):
@@ -306,7 +306,7 @@ def _affine(y, us, a, mu, k, m):
             y[j] = a * (us[j] - mu) + k
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _affine_row(y, us, A, MU, K, m):
     if same_data(y, us):
         for j in range(m):
@@ -316,7 +316,7 @@ def _affine_row(y, us, A, MU, K, m):
             y[j] = A[j] * (us[j] - MU[j]) + K[j]
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _grad(y, gs, xs, a, b, mu, k, m):
     """y[j] = a g[j] + b (x[j] - mu) + k."""
     if same_data(y, gs):
@@ -330,7 +330,7 @@ def _grad(y, gs, xs, a, b, mu, k, m):
             y[j] = a * gs[j] + b * (xs[j] - mu) + k
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _grad_row(y, gs, xs, A, B, MU, K, m):
     if same_data(y, gs):
         for j in range(m):

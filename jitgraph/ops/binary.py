@@ -109,7 +109,7 @@ def bcast_strides(shape, n):
     return s0, s1, s2, s3
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def row_offset(shape, n, r, s0, s1, s2):
     """Offset in an operand (broadcast strides s0..s2) of row r of node n's padded shape."""
     i2 = r % shape[n, 2]
@@ -157,7 +157,7 @@ def add(a: Operand, b: Operand) -> Tensor:
     return _binary(ADD, "add", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _add(x, y):
     return x + y
 
@@ -179,7 +179,7 @@ def sub(a: Operand, b: Operand) -> Tensor:
     return _binary(SUB, "sub", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sub(x, y):
     return x - y
 
@@ -204,7 +204,7 @@ def mul(a: Operand, b: Operand) -> Tensor:
     return _binary(MUL, "mul", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _mul(x, y):
     return x * y
 
@@ -227,7 +227,7 @@ def div(a: Operand, b: Operand) -> Tensor:
     return _binary(DIV, "div", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _div(x, y):
     return x / y
 

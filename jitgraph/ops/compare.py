@@ -33,7 +33,7 @@ def maximum(a: Operand, b: Operand) -> Tensor:
     return _binary(MAXIMUM, "maximum", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _maximum(x, y):
     return x if x >= y or x != x else y
 
@@ -56,7 +56,7 @@ def minimum(a: Operand, b: Operand) -> Tensor:
     return _binary(MINIMUM, "minimum", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _minimum(x, y):
     return x if x <= y or x != x else y
 
@@ -79,7 +79,7 @@ def less(a: Operand, b: Operand) -> Tensor:
     return _binary(LESS, "less", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _less(x, y):
     return like(x, 1.0) if x < y else like(x, 0.0)
 
@@ -96,7 +96,7 @@ def less_equal(a: Operand, b: Operand) -> Tensor:
     return _binary(LESS_EQUAL, "less_equal", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _less_equal(x, y):
     return like(x, 1.0) if x <= y else like(x, 0.0)
 
@@ -113,7 +113,7 @@ def greater(a: Operand, b: Operand) -> Tensor:
     return _binary(GREATER, "greater", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _greater(x, y):
     return like(x, 1.0) if x > y else like(x, 0.0)
 
@@ -130,7 +130,7 @@ def greater_equal(a: Operand, b: Operand) -> Tensor:
     return _binary(GREATER_EQUAL, "greater_equal", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _greater_equal(x, y):
     return like(x, 1.0) if x >= y else like(x, 0.0)
 
@@ -148,7 +148,7 @@ def equal(a: Operand, b: Operand) -> Tensor:
     return _binary(EQUAL, "equal", a, b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _equal(x, y):
     return like(x, 1.0) if x == y else like(x, 0.0)
 

@@ -149,7 +149,7 @@ TILE_SHAPES = ((4, 1, 4, B, 1), (4, 2, 2, B, 1), (4, 4, 1, B, 1), (4, 1, 1, B, 1
 # (channels, vectors down, vectors across, bytes per vector or 0 for scalars, rows per vector), as F0 ... F12
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def pick_tile(channels, OH, OW, L, wide):
     """The largest tile of TILE_SHAPES that fits an output of OH x OW with ``channels`` per
     group (L: elements in 256 bits; ``wide``: 512-bit tiles may be used)."""
@@ -178,7 +178,7 @@ def pick_tile(channels, OH, OW, L, wide):
     return 6 if OW >= L else 7
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _fma(f, x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc):
     if f == 0:
         F0(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
@@ -208,7 +208,7 @@ def _fma(f, x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
         F12(x, w, o, n_i, n_j, c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow, acc)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _spans(kind, sh, sw, kh, kw, dh, dw):
     """(phases across, phases down, reach down, reach across): a product reads reach + 1
     rows / columns of the input it reads per output row / column."""
@@ -217,7 +217,7 @@ def _spans(kind, sh, sw, kh, kw, dh, dw):
     return 1, 1, dh * (kh - 1), dw * (kw - 1)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _plane(kh, kw, Hp, Wp, OH, OW):
     """(Hp, Wp, OH, OW), with an image's positions as one row when a 1x1 kernel reads every
     position of an unpadded input."""
@@ -398,7 +398,7 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
 D0, D1, D2 = dot_tile(4, 4, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _tap(t, q, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Cw, mode):
     """(input offset, output offset) of tap t = (channel, i, j) of phase (a, b) of a weight
     gradient (q = n_i * n_j taps a channel)."""

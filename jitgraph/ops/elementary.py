@@ -30,7 +30,7 @@ def sin(t: Tensor) -> Tensor:
     return _unary(SIN, "sin", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sin(a, p0, p1):
     return math.sin(a)
 
@@ -53,7 +53,7 @@ def cos(t: Tensor) -> Tensor:
     return _unary(COS, "cos", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _cos(a, p0, p1):
     return math.cos(a)
 
@@ -82,7 +82,7 @@ def pow(t: Tensor, exponent: float) -> Tensor:    # noqa: A001  -- jg.pow, as nu
     return _unary(POW, "pow", t, (float(exponent),))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _pow(a, p0, p1):
     if p0 == 2.0:                      # the common square: exact and fast
         return a * a
@@ -124,7 +124,7 @@ def clip(t: Tensor, lo: Optional[float] = None, hi: Optional[float] = None) -> T
     return _unary(CLIP, "clip", t, (low, high))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _clip(a, p0, p1):
     lo = like(a, p0)
     hi = like(a, p1)
@@ -151,7 +151,7 @@ def clip_mask(t: Tensor, lo: float, hi: float) -> Tensor:
     return _unary(CLIP_MASK, "clip_mask", t, (float(lo), float(hi)))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _clip_mask(a, p0, p1):
     return like(a, 1.0) if like(a, p0) <= a <= like(a, p1) else like(a, 0.0)
 

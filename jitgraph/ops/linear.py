@@ -98,7 +98,7 @@ def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _gemm(fn, ilp64, tx, ty, m, n, K, X, ldx, Y, ldy, C, ldc):
     """Column-major C (m x n, leading dim ldc) = op(X) op(Y), X, Y, C typed pointers."""
     if ilp64:
@@ -107,7 +107,7 @@ def _gemm(fn, ilp64, tx, ty, m, n, K, X, ldx, Y, ldy, C, ldc):
         gemm(fn, tx, ty, m, n, K, 1.0, X, ldx, Y, ldy, 0.0, C, ldc)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def swaps(ta, tb, rows, cols, K):
     """Compute a tile as its transpose?  OpenBLAS multiplies ``x @ W.T`` with few rows
     (a linear layer's input gradient, or a forward pass with weights stored (out, in))
@@ -117,7 +117,7 @@ def swaps(ta, tb, rows, cols, K):
     return ta == 0 and tb == 1 and rows < 256 and cols >= 256 and K >= 256
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _tile(fn, ilp64, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
     """Rows [r0, r1) x columns [c0, c1) of row-major C (N columns) = op(A) op(B), as the
     column-major C^T = op(B)^T op(A)^T, on pointers offset into C, op(A)'s rows and
@@ -140,7 +140,7 @@ def _tile(fn, ilp64, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
               data_pointer(C[r0 * N + c0:]), N)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def tiling(M, N, K, most):
     """(row tiles, column tiles) of an (M, N) product contracting K, at most ``most``
     tiles (the size of the thread pool, fixed for the process).  A GEMM's result depends

@@ -50,7 +50,7 @@ def _normed(code: int, what: str, t: Tensor, eps: float) -> Tensor:
     return t.graph._node(code, (t.id,), t.shape, fp=(_eps(eps, f"{what} of {t.label!r}"),))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def row_stats(row, eps, center):
     """(mean, 1/std) of a row (mean 0 and 1/rms when not ``center``)."""
     d = in_dtype_of(row, row.size)

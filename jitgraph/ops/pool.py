@@ -97,7 +97,7 @@ def avg_pool2d_d(g: Tensor, size: Pair, kernel_size: Pair, stride: Union[None, P
     return g.graph._node(AVG_POOL2D_D, (g.id,), shape, ip=ip)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _first_max(key, h0, w0, i0, i1, j0, j1, W):
     """The flat position of the first maximal key (row-major) of a window; a NaN wins."""
     at = (h0 + i0) * W + w0 + j0

@@ -61,7 +61,7 @@ def lines(v, n, lo, hi):
     return lo, hi, sx[axis], inner
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _start(line, m, inner):
     """Index of the first element of a line (lines run along the axis with stride inner)."""
     return (line // inner) * m * inner + line % inner
@@ -458,7 +458,7 @@ def cross_entropy_index(logits: Tensor, targets: Union[Tensor, np.ndarray], igno
     return lg.graph._node(CROSS_ENTROPY_INDEX, (lg.id, idx.id), (), ip=_ignore_params(ignore_index))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _ignored(f, has_ignore, ignore):
     return has_ignore != 0 and f == ignore
 
@@ -466,7 +466,7 @@ def _ignored(f, has_ignore, ignore):
 IGNORED, BAD_CLASS = -1, -2
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _class_of(f, c, has_ignore, ignore):
     """The class id stored as f: an int in [0, c), or IGNORED, or BAD_CLASS."""
     if _ignored(f, has_ignore, ignore):

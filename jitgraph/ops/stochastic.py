@@ -44,19 +44,19 @@ def dropout(t: Tensor, p: float, seed: int = 0) -> Tensor:
     return out
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _mix(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _dropout_key(seed, mask_id):
     return _mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(mask_id))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _dropout_u(key, i):
     z = _mix(key + np.uint64(i) * np.uint64(0xD1B54A32D192ED03))
     return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)   # 53 bits -> [0, 1)

@@ -69,7 +69,7 @@ def neg(t: Tensor) -> Tensor:
     return _unary(NEG, "neg", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _neg(a, p0, p1):
     return -a
 
@@ -92,7 +92,7 @@ def sqr(t: Tensor) -> Tensor:
     return _unary(SQR, "sqr", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sqr(a, p0, p1):
     return a * a
 
@@ -116,7 +116,7 @@ def sqrt(t: Tensor) -> Tensor:
     return _unary(SQRT, "sqrt", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sqrt(a, p0, p1):
     return np.sqrt(a)
 
@@ -139,7 +139,7 @@ def exp(t: Tensor) -> Tensor:
     return _unary(EXP, "exp", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _exp(a, p0, p1):
     return vmath.exp(a)
 
@@ -162,7 +162,7 @@ def log(t: Tensor) -> Tensor:
     return _unary(LOG, "log", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _log(a, p0, p1):
     return vmath.log(a)
 
@@ -185,7 +185,7 @@ def abs(t: Tensor) -> Tensor:                  # noqa: A001 -- jg.abs, like nump
     return _unary(ABS, "abs", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _abs(a, p0, p1):
     return np.abs(a)
 
@@ -208,7 +208,7 @@ def relu(t: Tensor) -> Tensor:
     return _unary(RELU, "relu", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _relu(a, p0, p1):
     return like(a, 0.0) if a <= like(a, 0.0) else a        # NaN passes through, like numpy
 
@@ -231,7 +231,7 @@ def gelu(t: Tensor) -> Tensor:
     return _unary(GELU, "gelu", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _gelu(a, p0, p1):
     # x Phi(x), exact (erf) form
     return a * vmath.phi_cdf(a)
@@ -255,7 +255,7 @@ def silu(t: Tensor) -> Tensor:
     return _unary(SILU, "silu", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _silu(a, p0, p1):
     return a * vmath.sigmoid(a)
 
@@ -278,7 +278,7 @@ def tanh(t: Tensor) -> Tensor:
     return _unary(TANH, "tanh", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _tanh(a, p0, p1):
     return vmath.tanh(a)
 
@@ -302,7 +302,7 @@ def sigmoid(t: Tensor) -> Tensor:
     return _unary(SIGMOID, "sigmoid", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sigmoid(a, p0, p1):
     return vmath.sigmoid(a)
 
@@ -326,7 +326,7 @@ def copy(t: Tensor) -> Tensor:
     return _unary(COPY, "copy", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _copy(a, p0, p1):
     return a
 
@@ -348,7 +348,7 @@ def step(t: Tensor) -> Tensor:
     return _unary(STEP, "step", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _step(a, p0, p1):
     return like(a, 1.0) if a > like(a, 0.0) else like(a, 0.0)
 
@@ -365,7 +365,7 @@ def sign(t: Tensor) -> Tensor:
     return _unary(SIGN, "sign", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sign(a, p0, p1):
     return like(a, 1.0) if a > like(a, 0.0) else (like(a, -1.0) if a < like(a, 0.0) else a * like(a, 0.0))
 
@@ -382,7 +382,7 @@ def gelu_d(t: Tensor) -> Tensor:
     return _unary(GELU_D, "gelu_d", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _gelu_d(a, p0, p1):
     # Phi(x) + x phi(x)
     cdf, pdf = vmath.normal(a)
@@ -406,7 +406,7 @@ def gelu_dd(t: Tensor) -> Tensor:
     return _unary(GELU_DD, "gelu_dd", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _gelu_dd(a, p0, p1):
     # phi(x) (2 - x^2)
     return vmath.phi_pdf(a) * (like(a, 2.0) - a * a)
@@ -424,7 +424,7 @@ def silu_d(t: Tensor) -> Tensor:
     return _unary(SILU_D, "silu_d", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _silu_d(a, p0, p1):
     # s (1 + x (1 - s))
     s = vmath.sigmoid(a)
@@ -448,7 +448,7 @@ def silu_dd(t: Tensor) -> Tensor:
     return _unary(SILU_DD, "silu_dd", t)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _silu_dd(a, p0, p1):
     # s (1 - s) (2 + x (1 - 2 s))
     s = vmath.sigmoid(a)
@@ -471,7 +471,7 @@ def leaky_relu(t: Tensor, slope: float = 0.01) -> Tensor:
     return _unary(LEAKY_RELU, "leaky_relu", t, (float(slope),))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _leaky_relu(a, p0, p1):
     # x if x > 0 else slope x
     return a if a > like(a, 0.0) else like(a, p0) * a

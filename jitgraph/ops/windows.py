@@ -76,7 +76,7 @@ def col2im(cols: Tensor, size: Pair, kernel_size: Pair, stride: Pair = 1, paddin
     return cols.graph._node(COL2IM, (cols.id,), (N, K // (k[0] * k[1])) + hw, ip=k + s + p + d)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def valid_columns(OW, W, sw, off):
     """The output columns ow whose input column ow*sw + off lies in [0, W)."""
     lo = 0 if off >= 0 else (sw - 1 - off) // sw
