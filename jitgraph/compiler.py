@@ -10,7 +10,9 @@ A compile *unit* is one runner or rule.  When several units are not in the
 on-disk cache yet, worker processes (``python -m jitgraph._compile_worker``) compile
 some of them while this process compiles others: each unit is claimed by
 creating a file (``O_EXCL``: exactly one process wins it), the claims are walked
-from opposite ends, and a finished unit leaves a marker in the cache folder.
+from opposite ends, and a finished unit leaves a marker in the cache folder.  Units
+that come while workers run (build_backward's, after build_forward's) are handed to
+them as a batch file in the claims folder rather than to a new process.
 This process then loads the workers' units from the cache.  The markers also
 say, without compiling anything, which units a first run will have to compile:
 that is when a one-line notice goes to stderr (``JITGRAPH_QUIET=1`` hides it).
@@ -122,6 +124,7 @@ def notice(message: str) -> None:
         print(f"jitgraph: {message}", file=sys.stderr, flush=True)
 
 
+WORKER_IDLE_S = 2.0                # a worker with nothing to claim waits this long for another batch
 _claims_dir: list = []             # this process's claims folder, shared by every batch of units
 _workers: list = []                # worker processes started by this process
 
@@ -159,13 +162,42 @@ def _start_workers(units, claims, n):
             for i in range(n)]
 
 
-def _spawn(units, busy_too=False):
-    """Workers for ``units``, as many as the cores allow beside the ones still running
-    (``busy_too``: one more than that while those are busy with earlier units)."""
-    n = compile_workers(len(units) + 1) - len(_live()) + (1 if busy_too and _workers else 0)
+def _spawn(units):
+    """Workers for ``units``: the running ones get them as a batch (read when their
+    current unit is done: a new process would first spend ~0.7 CPU-seconds importing),
+    and new ones start while the cores allow."""
+    claims = _claims()
+    live = len(_live())
+    if live:
+        _add_batch(claims, units)
+    n = compile_workers(len(units) + 1) - live
     if n > 0:
-        _workers.extend(_start_workers(units, _claims(), n))
+        _workers.extend(_start_workers(units, claims, n))
     return len(_workers)
+
+
+def _add_batch(claims, units):
+    """Hand ``units`` to the running workers: a file of the claims folder, written whole."""
+    path = os.path.join(claims, f"batch-{time.monotonic_ns():020d}")
+    with open(path + ".part", "w") as f:
+        f.write("\n".join(f"{kind}:{code}:{dtype}" for kind, code, dtype in units))
+    os.replace(path + ".part", path)
+
+
+def _batches(claims):
+    """Every unit handed to the workers in batches so far, oldest batch first."""
+    units = []
+    try:
+        for name in sorted(n for n in os.listdir(claims) if n.startswith("batch-") and not n.endswith(".part")):
+            with open(os.path.join(claims, name)) as f:
+                units += _parse(f.read().split())
+    except OSError:                    # the claims folder is gone: the process that made it ended
+        pass
+    return units
+
+
+def _parse(words):
+    return [(kind, int(code), dtype) for kind, code, dtype in (w.split(":") for w in words)]
 
 
 def _walk(units, start):
@@ -225,7 +257,7 @@ def prefetch(dtype, codes, rules_too=False) -> None:
     rules = _new_units("vjp", "", codes) if rules_too else []
     if kernels or rules:
         with _lock:
-            _spawn(kernels + rules, busy_too=True)      # walked from the back: the rules come first
+            _spawn(kernels + rules)                     # walked from the back: the rules come first
         what = [f"{len(kernels)} kernels for {name}"] if kernels else []
         what += [f"{len(rules)} gradient rules"] if rules else []
         notice(f"compiling {' and '.join(what)} in the background (first run only)...")
@@ -363,9 +395,18 @@ def natives(dtype):
 
 def worker(argv) -> int:
     """The worker process (jitgraph/_compile_worker.py): ``CLAIMS START UNIT...``, UNIT
-    being kind:code:dtype; compiles the units it can claim into the cache."""
-    claims, start, units = argv[0], int(argv[1]), [u.split(":") for u in argv[2:]]
-    for kind, code, dtype in _walk([(k, int(c), d) for k, c, d in units], start):
-        if _claim(claims, (kind, code, dtype)):
-            _compile_unit(kind, code, dtype)
+    being kind:code:dtype; compiles the units it can claim into the cache, then those of
+    the batches that come (``_add_batch``), until none has come for WORKER_IDLE_S or the
+    process that started it has ended (its claims folder is gone)."""
+    claims, start, units = argv[0], int(argv[1]), _parse(argv[2:])
+    idle = time.monotonic()
+    while os.path.isdir(claims):
+        todo = next((u for u in _walk(units + _batches(claims), start) if _claim(claims, u)), None)
+        if todo is not None:
+            _compile_unit(*todo)
+            idle = time.monotonic()
+        elif time.monotonic() - idle > WORKER_IDLE_S:
+            break
+        else:
+            time.sleep(0.02)
     return 0

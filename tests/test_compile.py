@@ -5,6 +5,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -239,3 +240,39 @@ print("ok")
     env = dict(os.environ, NUMBA_DISABLE_JIT="1", JITGRAPH_QUIET="1", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_running_workers_get_new_units_as_a_batch(tmp_path, monkeypatch):
+    """While a worker runs, more units (build_backward's after build_forward's) go to it as a
+    batch file, not to another process; with a core to spare, a new worker starts too."""
+    started = []
+    monkeypatch.setattr(compiler, "_claims_dir", [str(tmp_path)])
+    monkeypatch.setattr(compiler, "_workers", [])
+    monkeypatch.setattr(compiler, "_start_workers", lambda units, claims, n: started.append((units, n)) or [])
+    monkeypatch.setattr(compiler, "_live", lambda: [object()])         # one worker is busy
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
+    relu, neg = registry.BY_NAME["relu"].code, registry.BY_NAME["neg"].code
+    first, second = [("run", relu, "float32")], [("run", neg, "float32"), ("vjp", neg, "")]
+    compiler._spawn(first)
+    compiler._spawn(second)
+    assert started == []                                               # no second process
+    assert compiler._batches(str(tmp_path)) == first + second          # oldest batch first
+    monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "2")
+    compiler._spawn(second)
+    assert started == [(second, 1)]                                    # a core to spare: one more
+
+
+def test_a_worker_compiles_the_batches_that_come_then_exits_when_idle(tmp_path, monkeypatch):
+    """compiler.worker, run in this process: it claims its own units and then every unit of
+    the batches in the claims folder, and returns once none has come for WORKER_IDLE_S."""
+    monkeypatch.setattr(compiler, "WORKER_IDLE_S", 0.2)
+    neg, absolute = registry.BY_NAME["neg"].code, registry.BY_NAME["abs"].code
+    batch = [("run", absolute, "float64"), ("vjp", neg, "")]
+    compiler._add_batch(str(tmp_path), batch)
+    start = time.monotonic()
+    assert compiler.worker([str(tmp_path), "1", f"run:{neg}:float64"]) == 0
+    assert time.monotonic() - start >= 0.2
+    claimed = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("batch-"))
+    assert claimed == sorted("-".join(map(str, u)) for u in [("run", neg, "float64")] + batch)
+    assert all(compiler.is_cached(*u) for u in [("run", neg, "float64")] + batch)
+    assert compiler.worker([str(tmp_path / "gone"), "1"]) == 0         # no claims folder: returns at once
