@@ -12,6 +12,15 @@ from jitgraph import compiler
 from jitgraph.threads import hold_blas, release_blas
 
 
+def in_threads(worker, args):
+    """worker(*a) for each a in args, all at once, one Python thread each; returns when all end."""
+    threads = [threading.Thread(target=worker, args=a) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def model():
     rng = np.random.default_rng(0)
     g = jg.Graph(np.float32)
@@ -50,11 +59,7 @@ def test_mixed_forward_and_backward_runs_from_eight_threads_are_all_right():
         except Exception as e:                  # a crash in a thread must fail the test
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, [(s,) for s in range(8)])
     assert not errors, errors
     assert not wrong, f"{len(wrong)} of 4000 results differ from the serial ones: {wrong[:5]}"
 
@@ -82,11 +87,7 @@ def test_optimizer_steps_and_runs_from_threads_keep_params_consistent():
                 bwd.run({x: feeds[0]})
                 opt.step()
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, [()] * 4)
     np.testing.assert_array_equal(W1.value, want[0])
     np.testing.assert_array_equal(W2.value, want[1])
 
@@ -144,11 +145,7 @@ def test_products_and_attention_run_from_two_threads_at_once_give_the_serial_bit
         except Exception as e:                  # a crash in a thread must fail the test
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(bwd,)) for bwd in programs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, [(bwd,) for bwd in programs])
     assert not errors, errors
     assert not wrong, f"{len(wrong)} of 120 runs differ from the serial ones"
     assert blas_threads() == before
