@@ -348,6 +348,7 @@ REF = {
     "sigmoid": Case(sigmoid, one(u(3, 4, lo=-8, hi=8)), "unary"),
     "copy": Case(np.copy, one(u(5,)), "unary"),
     "step": Case(lambda x: (x > 0).astype(float), one(away0(3, 4)), "unary", grad=False),
+    "relu_d": Case(lambda g, y: g * (y > 0), lambda r: [u(3, 4)(r), away0(3, 4)(r)], "rowpair", wrt=(0,)),
     "sign": Case(np.sign, one(away0(3, 4)), "unary", grad=False),
     "gelu_d": Case(lambda x: 0.5 * (1 + erf(x / math.sqrt(2))) + x * PHI * np.exp(-0.5 * x * x),
                    one(u(3, 4)), "unary"),

@@ -44,6 +44,37 @@ def test_zero_table_on_y_equals_a_x_squared():
     assert all(int(nodes.origin[i]) == b.id for i in gx_parts)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_relus_gradient_is_one_node_with_the_bits_of_g_times_step(dtype, scaled):
+    """relu's rule appends one relu_d node (g * step(out) in one pass, where a mul and a
+    step took two): its bits are numpy's g * (out > 0), zeros' signs included, on one
+    thread and on two (the elements split between them); with ``scaled`` relu's input is
+    1.5 x, so relu_d's result is a temporary the plan may write over g."""
+    g = jg.Graph(dtype)
+    X = RNG.standard_normal((129, 1031)).astype(dtype)
+    X[::5, ::3] = 0.0                                     # relu's kink: step(0) = 0
+    x = g.param(X, name="x")
+    w = g.input(X.shape, name="w")
+    y = jg.relu(x * 1.5 if scaled else x)
+    bwd = jg.build_backward(jg.build_forward(jg.sum(y * w)))
+    ops = [r["op"] for r in backward_rows(bwd)]
+    assert ops.count("relu_d") == 1 and "step" not in ops
+    W = RNG.standard_normal(X.shape).astype(dtype)
+    W[1::4] = 0.0
+    want = W * (np.maximum(X * dtype(1.5) if scaled else X, 0) > 0)
+    if scaled:
+        want = want * dtype(1.5)
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    try:
+        for threads in (1, 2):
+            jg.set_num_threads(threads)
+            bwd.run({w: W})
+            np.testing.assert_array_equal(np.asarray(x.grad).view(bits), want.view(bits))
+    finally:
+        jg.set_num_threads()
+
+
 def test_gradient_nodes_are_flagged_and_carry_origin():
     g = jg.Graph(np.float64)
     x = g.input((4, 3), name="x")
