@@ -1,5 +1,5 @@
 """Entry of the processes that help compile (see compiler.py): ``python -m
-jitgraph._compile_worker CLAIMS START UNIT...``."""
+jitgraph._compile_worker CLAIMS UNIT...``."""
 import sys
 
 from jitgraph import compiler  # importing jitgraph registers every op

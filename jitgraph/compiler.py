@@ -9,8 +9,9 @@ one for rules; the interpreter and the backward pass index them by opcode.
 A compile *unit* is one runner or rule.  When several units are not in the
 on-disk cache yet, worker processes (``python -m jitgraph._compile_worker``) compile
 some of them while this process compiles others: each unit is claimed by
-creating a file (``O_EXCL``: exactly one process wins it), the claims are walked
-from opposite ends, and a finished unit leaves a marker in the cache folder.  Units
+creating a file (``O_EXCL``: exactly one process wins it), every process takes the
+first unclaimed unit in one order (``_order``: rules, then the longest kernels), and
+a finished unit leaves a marker in the cache folder.  Units
 that come while workers run (build_backward's, after build_forward's) are handed to
 them as a batch file in the claims folder rather than to a new process.
 This process then loads the workers' units from the cache.  The markers also
@@ -151,15 +152,15 @@ def _live():
 
 
 def _start_workers(units, claims, n):
-    """Start n worker processes on ``units`` (each walks them from its own place)."""
+    """Start n worker processes on ``units``."""
     env = dict(os.environ)
     here = os.path.dirname(_cache.PACKAGE_DIR)        # import this very jitgraph, wherever it is
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["JITGRAPH_QUIET"] = "1"
     args = [f"{kind}:{code}:{dtype}" for kind, code, dtype in units]
-    return [subprocess.Popen([sys.executable, "-m", "jitgraph._compile_worker", claims, str(i + 1), *args],
+    return [subprocess.Popen([sys.executable, "-m", "jitgraph._compile_worker", claims, *args],
                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            for i in range(n)]
+            for _ in range(n)]
 
 
 def _spawn(units):
@@ -200,14 +201,16 @@ def _parse(words):
     return [(kind, int(code), dtype) for kind, code, dtype in (w.split(":") for w in words)]
 
 
-def _walk(units, start):
-    """units in the order worker ``start`` takes them (0 = this process: front to back;
-    workers from the back, each from its own place)."""
-    if start == 0:
-        return list(units)
-    back = list(reversed(units))
-    at = (start - 1) * len(back) // max(1, start)
-    return back[at:] + back[:at]
+def _order(units):
+    """The order every process takes units in (each claims the first one not yet
+    claimed): the gradient rules (build_backward waits for them), then the kernels,
+    longest first, so the last to finish is a short one -- a unary op's runner (one or
+    two loops, ~0.4 s to compile) after the others (broadcast cases, layouts, tiles:
+    1-1.6 s)."""
+    def rank(unit):
+        kind, code, _ = unit
+        return (0,) if kind == "vjp" else (1, registry.OPS[code].family == "unary")
+    return sorted(dict.fromkeys(units), key=rank)
 
 
 def compile_units(units, what: str) -> list:
@@ -221,7 +224,7 @@ def compile_units(units, what: str) -> list:
         notice(f"compiling {len(fresh)} {what} (first run only"
                + (f", {workers + 1} processes" if workers else "") + ")...")
         claims = _claims()
-        for unit in fresh:
+        for unit in _order(fresh):
             if _claim(claims, unit):
                 addresses[unit] = _compile_unit(*unit)
         while _live() and not all(is_cached(*u) for u in fresh):    # units the workers claimed
@@ -257,7 +260,7 @@ def prefetch(dtype, codes, rules_too=False) -> None:
     rules = _new_units("vjp", "", codes) if rules_too else []
     if kernels or rules:
         with _lock:
-            _spawn(kernels + rules)                     # walked from the back: the rules come first
+            _spawn(kernels + rules)
         what = [f"{len(kernels)} kernels for {name}"] if kernels else []
         what += [f"{len(rules)} gradient rules"] if rules else []
         notice(f"compiling {' and '.join(what)} in the background (first run only)...")
@@ -394,14 +397,14 @@ def natives(dtype):
 
 
 def worker(argv) -> int:
-    """The worker process (jitgraph/_compile_worker.py): ``CLAIMS START UNIT...``, UNIT
+    """The worker process (jitgraph/_compile_worker.py): ``CLAIMS UNIT...``, UNIT
     being kind:code:dtype; compiles the units it can claim into the cache, then those of
     the batches that come (``_add_batch``), until none has come for WORKER_IDLE_S or the
     process that started it has ended (its claims folder is gone)."""
-    claims, start, units = argv[0], int(argv[1]), _parse(argv[2:])
+    claims, units = argv[0], _parse(argv[1:])
     idle = time.monotonic()
     while os.path.isdir(claims):
-        todo = next((u for u in _walk(units + _batches(claims), start) if _claim(claims, u)), None)
+        todo = next((u for u in _order(units + _batches(claims)) if _claim(claims, u)), None)
         if todo is not None:
             _compile_unit(*todo)
             idle = time.monotonic()

@@ -83,7 +83,7 @@ def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[
     if progress and not compiler.quiet():
         bar = tqdm(total=len(todo) + len(dtypes), desc="jitgraph warmup", unit="fn", leave=True)
     if todo:
-        compiler._spawn(todo)                             # the workers walk the units from the back
+        compiler._spawn(todo)
     claims = compiler._claims()
     done = 0
 

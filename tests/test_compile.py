@@ -75,12 +75,17 @@ def test_read_only_package_folder_falls_back_to_a_user_cache(tmp_path, monkeypat
     assert _cache.cache_root() == str(tmp_path / "user" / "jitgraph")
 
 
-def test_walks_split_the_units_from_both_ends():
-    units = list(range(10))
-    assert compiler._walk(units, 0) == units
-    assert compiler._walk(units, 1) == units[::-1]
-    two = compiler._walk(units, 2)
-    assert sorted(two) == units and two[0] not in (units[0], units[-1])
+def test_every_process_takes_rules_first_then_the_longest_kernels():
+    """One order for all (each claims the first unit not yet claimed): the rules
+    build_backward waits for, then kernels, a unary op's short compile after the others,
+    so the last unit to finish is a short one; a unit given twice is taken once."""
+    code = {name: registry.BY_NAME[name].code for name in ("relu", "add", "sum", "matmul", "relu_d")}
+    units = [("run", code["relu"], "float32"), ("run", code["add"], "float32"), ("vjp", code["matmul"], ""),
+             ("run", code["relu_d"], "float32"), ("run", code["sum"], "float32"), ("vjp", code["relu"], ""),
+             ("run", code["add"], "float32")]
+    assert compiler._order(units) == [("vjp", code["matmul"], ""), ("vjp", code["relu"], ""),
+                                      ("run", code["add"], "float32"), ("run", code["sum"], "float32"),
+                                      ("run", code["relu"], "float32"), ("run", code["relu_d"], "float32")]
 
 
 def test_a_unit_is_claimed_once(tmp_path):
@@ -270,9 +275,9 @@ def test_a_worker_compiles_the_batches_that_come_then_exits_when_idle(tmp_path, 
     batch = [("run", absolute, "float64"), ("vjp", neg, "")]
     compiler._add_batch(str(tmp_path), batch)
     start = time.monotonic()
-    assert compiler.worker([str(tmp_path), "1", f"run:{neg}:float64"]) == 0
+    assert compiler.worker([str(tmp_path), f"run:{neg}:float64"]) == 0
     assert time.monotonic() - start >= 0.2
     claimed = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("batch-"))
     assert claimed == sorted("-".join(map(str, u)) for u in [("run", neg, "float64")] + batch)
     assert all(compiler.is_cached(*u) for u in [("run", neg, "float64")] + batch)
-    assert compiler.worker([str(tmp_path / "gone"), "1"]) == 0         # no claims folder: returns at once
+    assert compiler.worker([str(tmp_path / "gone")]) == 0              # no claims folder: returns at once
