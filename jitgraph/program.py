@@ -21,7 +21,7 @@ from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
 from .status import ERR_INDEX, ERR_NOT_COMPILED
-from .threads import enter_run, hold_blas, release_blas
+from .threads import enter_run, held_blas
 from .viz import describe, plot_memory, render_svg, rich_html, to_dot
 
 Feeds = Mapping[Any, Any]     # {input tensor or its name: array}
@@ -220,9 +220,7 @@ class Program:
         split = table("split")
         runners, natives, blocks = self._kernels(mem, salt, split)
         enter_run()
-        setter = int(natives[1]) if self._calls_blas else 0
-        hold_blas(setter)
-        try:
+        with self._blas_held(natives):
             if debug:
                 status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem,
                                                        g.store, salt, runners, natives, split, blocks,
@@ -231,12 +229,14 @@ class Program:
             else:
                 status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
                                                  salt, runners, natives, split, blocks)
-        finally:
-            release_blas(setter)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
         if self._running is not None:        # once per successful run, never for a failed one
             self._running.apply(mem, g.store)
+
+    def _blas_held(self, natives):
+        """The BLAS held at one thread for a run, if this program calls it (threads.hold_blas)."""
+        return held_blas(int(natives[1]) if self._calls_blas else 0)
 
     def _kernels(self, mem, salt, split):
         """(runner table, natives, block runner) for this program: on its first run the
@@ -274,16 +274,12 @@ class Program:
         enter_run()
         clock = time.perf_counter
         empty = self.order[:0]
-        setter = int(natives[1]) if self._calls_blas else 0
-        hold_blas(setter)
-        try:
+        with self._blas_held(natives):
             base = min(_timed(run_nodes, G, empty, args, clock) for _ in range(20))
             best = np.full(self.order.size, np.inf)
             for _ in range(max(1, repeats)):
                 for t in range(self.order.size):
                     best[t] = min(best[t], _timed(run_nodes, G, self.order[t:t + 1], args, clock) - base)
-        finally:
-            release_blas(setter)
         forward = set(getattr(self, "forward", self).order.tolist())
         groups: Dict[tuple, list] = {}
         for t, n in enumerate(self.order.tolist()):

@@ -154,6 +154,22 @@ def release_blas(setter: int) -> None:
                 _setters[setter](held[1])
 
 
+class held_blas:
+    """``with held_blas(setter):`` -- ``hold_blas`` on entry, ``release_blas`` on exit (a
+    failed run's too)."""
+
+    __slots__ = ("setter",)
+
+    def __init__(self, setter: int) -> None:
+        self.setter = setter
+
+    def __enter__(self) -> None:
+        hold_blas(self.setter)
+
+    def __exit__(self, *exc: object) -> None:
+        release_blas(self.setter)
+
+
 def enter_run() -> None:
     """Called in the thread about to run a program: Numba's count is per thread."""
     n = num_threads()
