@@ -8,11 +8,14 @@ Ray actor holding a replica of the program and of the optimizer, loaded from
 ``jg.save`` bytes (no pickled code), and a step goes:
 
 1. each worker runs ``bwd.run`` on its shard with dropout seed ``(seed + step) * N + i``
-   and returns its loss and, as a second object in the object store, its gradients;
-2. each worker reads every worker's gradients from the object store (zero-copy on a
-   node), adds them in worker order and divides by N -- a fixed reduction order, the
-   same on every worker -- into its program's gradient slots, and takes the optimizer
-   step with the driver's current hyper-parameters.
+   and hands its loss and gradients to every worker;
+2. each worker adds all N workers' gradients in worker order and divides by N -- a
+   fixed reduction order, the same on every worker -- into its program's gradient
+   slots, takes the optimizer step with the driver's current hyper-parameters, and
+   answers the driver with every shard's loss.
+
+Both are Ray actor tasks; the gradients go through the object store (zero-copy reads on
+a node).  A lone worker keeps its gradients: they are their own mean.
 
 Every replica starts a fit from the same state and applies the same bits, so all hold
 identical params; nothing but row numbers, hyper-parameters and the gradients moves in
@@ -108,7 +111,7 @@ class DataParallel:
                                  f"the Ray cluster has {cpus:g}")
             self._blob = ray.put(to_bytes({"bwd": bwd, "opt": opt}))
             self._actor = ray.remote(Worker)
-            self.workers = [self._spawn() for _ in range(self.num_workers)]   # they start while the driver warms up
+            self.workers = [self._spawn(i) for i in range(self.num_workers)]   # they start while the driver warms up
             self._warm_up()
             self._check_ready()
         except BaseException:
@@ -134,12 +137,13 @@ class DataParallel:
                  for n in self.bwd.inputs}
         self.bwd.run(feeds)
 
-    def _spawn(self):
+    def _spawn(self, i):
         # the workers import the jitgraph this driver imported, wherever it lives
         here = os.path.dirname(_cache.PACKAGE_DIR)
         env = {"PYTHONPATH": here + os.pathsep + "${PYTHONPATH}"}
         return self._actor.options(num_cpus=self.threads, max_restarts=0, scheduling_strategy="SPREAD",
-                                   runtime_env={"env_vars": env}).remote(self._blob, self._param_ids, self.threads)
+                                   runtime_env={"env_vars": env}).remote(self._blob, self._param_ids, self.threads,
+                                                                         i, self.num_workers)
 
     def _check_ready(self):
         try:
@@ -171,7 +175,7 @@ class DataParallel:
             ray.kill(self.workers[i])
         except Exception:              # already gone
             pass
-        self.workers[i] = self._spawn()
+        self.workers[i] = self._spawn(i)
         self.restarts += 1
 
     def _prepare(self, steps):
@@ -214,9 +218,7 @@ class DataParallel:
 
     def _worker_error(self, e, i, step):
         cause = getattr(e, "cause", None)
-        if isinstance(cause, GraphError):
-            return GraphError(f"DataParallel: worker {i} failed in step {step + 1}: {cause}")
-        return e
+        return GraphError(f"DataParallel: worker {getattr(cause, 'worker', i)} failed in step {step + 1}: {cause}")
 
     def _alive(self, what):
         if not self.workers:
@@ -355,51 +357,58 @@ class DataParallel:
         gradients, then every worker averages all of them and steps."""
         N, b = self.num_workers, self.batch
         t0 = time.perf_counter()
-        shards = [rows[i * b:(i + 1) * b] for i in range(N)]
+        calls = [(rows[i * b:(i + 1) * b], base * N + i) for i in range(N)]
         hyper = self.opt._hyper()
         tries = [0] * N
         while True:
-            outs = [w.grads.options(num_returns=2).remote(shards[i], base * N + i) for i, w in enumerate(self.workers)]
-            grads = [g for _, g in outs]
-            acks = [w.apply.remote(hyper, *grads) for w in self.workers]
-            results, applied = [None] * N, [None] * N
-            failed: Optional[BaseException] = None
-            for i, (info, _) in enumerate(outs):
-                try:
-                    results[i] = ray.get(info)
-                except RayTaskError as e:      # the worker raised: the others cannot step either
-                    raise self._worker_error(e, i, k) from None
-                except DIED as e:
-                    failed = e
-            for i, ack in enumerate(acks):
-                try:
-                    applied[i] = ray.get(ack)
-                except (RayTaskError, *DIED) as e:     # died, or a dead worker's gradients never came
-                    failed = e
+            acks, failed = self._try_step(calls, hyper, k)
             if failed is None:
                 break
-            if self._recover(k, tries, failed):
-                if None in results:
-                    raise GraphError(f"DataParallel: step {k + 1} was taken but a worker's loss was lost")
+            acks = self._recover(k, tries, failed)
+            if acks is not None:               # the survivors had taken the step
                 break
         self._stale = True
         t1 = time.perf_counter()
-        done = [a for a in applied if a is not None] or [(0.0, 0.0, 0, 0.0)]
+        done = [a for a in acks if a is not None]
+        results = done[0][1]                   # every answer carries every shard's run information
+        applied = [a[0] for a in done]
         compute = max(r[1] for r in results)
-        optimizer = max(a[1] for a in done)
+        optimizer = max(a[1] for a in applied)
         self.step_times.append({"step": t1 - t0, "compute": compute, "optimizer": optimizer,
-                                "all_reduce": (t1 - t0) - compute - optimizer, "mean": max(a[0] for a in done),
+                                "all_reduce": (t1 - t0) - compute - optimizer, "mean": max(a[0] for a in applied),
                                 "compute_cpu": max(r[2] for r in results),
                                 # perf_counter is the machine's monotonic clock: comparable across processes on a node
-                                "exchange": max(0.0, max(a[3] for a in done) - max(r[3] for r in results))})
+                                "exchange": max(0.0, max(a[3] for a in applied) - max(r[3] for r in results))})
         loss = 0.0
         for r in results:
             loss += r[0]
         return loss / N
 
+    def _try_step(self, calls, hyper, k):
+        """One try at step k: (each worker's answer, None where it was lost; the failure
+        to recover from).  A worker's GraphError is raised, once every answer is in."""
+        parts = [w.grads.remote(*c) for w, c in zip(self.workers, calls)]
+        acks: List[Any] = [None] * len(self.workers)
+        failed: Optional[BaseException] = None
+        error = None
+        for i, ref in enumerate([w.apply.remote(hyper, *parts) for w in self.workers]):
+            try:
+                acks[i] = ray.get(ref)
+            except RayTaskError as e:
+                if isinstance(getattr(e, "cause", None), GraphError):
+                    error = error or (e, i)    # a worker raised (every worker's answer carries it): nobody steps
+                else:
+                    failed = e                 # a dead worker's gradients never came
+            except DIED as e:
+                failed = e
+        if error is not None:
+            raise self._worker_error(error[0], error[1], k) from None
+        return acks, failed
+
     def _recover(self, k, tries, error):
         """After ``error`` in step k: replace the dead workers by copies of a live
-        replica.  Returns whether the step was taken (by the replicas that lived)."""
+        replica.  Returns the answers of the replicas that had taken the step (None in
+        the others' places), or None if none had: the step is to be redone."""
         alive = {}
         for i, w in enumerate(self.workers):
             try:
@@ -410,16 +419,16 @@ class DataParallel:
             raise _AllLost
         if len(alive) == len(self.workers):    # nobody died: the step itself failed
             raise GraphError(f"DataParallel: step {k + 1} failed on a worker: {error}") from None
-        done = [i for i, s in alive.items() if s == k + 1]
+        done = [i for i, (steps, _) in alive.items() if steps == k + 1]
         source = self.workers[done[0] if done else min(alive)]
         state_ref = source.state.remote()
         for i in range(len(self.workers)):
             if i not in alive:
                 tries[i] += 1
                 self._replace(i, tries[i], state_ref)
-            elif done and alive[i] != k + 1:
+            elif done and alive[i][0] != k + 1:
                 self.workers[i].set_state.remote(state_ref)
-        return bool(done)
+        return [alive[i][1] if i in done else None for i in range(len(self.workers))] if done else None
 
     def timing(self) -> Dict[str, float]:
         """Medians over the last fit's steps (the first left out: it loads the workers'

@@ -1,4 +1,5 @@
 """The one exception type of the library."""
+from typing import Optional
 
 
 class GraphError(ValueError):
@@ -7,3 +8,4 @@ class GraphError(ValueError):
     The message names the tensor (or argument) and says what is wrong with it.
     It subclasses ValueError so ``except ValueError`` keeps working.
     """
+    worker: Optional[int] = None   # the index of the data-parallel worker that raised it (jitgraph.distributed)

@@ -4,10 +4,11 @@ driver wraps ``Worker`` with ``ray.remote``.
 
 A worker holds the program and the optimizer, loaded from ``jg.save`` bytes (no
 pickled code).  ``grads`` runs the program on the worker's shard and returns its
-gradients as a second object, so they go to the other workers through the object
-store without passing through the driver; ``apply`` adds every worker's gradients in
-worker order, divides by N (``_mean_into``: numpy's add-then-divide, bit for bit, in
-one pass) and steps.  All replicas apply the same bits and stay identical.
+loss and gradients, which go to every worker's ``apply`` without passing through the
+driver (through a Ray compiled graph's channels, or the object store); ``apply`` adds
+every worker's gradients in worker order, divides by N (``_mean_into``: numpy's
+add-then-divide, bit for bit, in one pass), steps, and answers with every shard's loss.
+All replicas apply the same bits and stay identical.
 """
 import os
 import tempfile
@@ -19,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from . import _cache
+from .errors import GraphError
 from .graph import Tensor
 from .io import load, save
 from .optim import Optimizer
@@ -84,6 +86,9 @@ def _spans(slots: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
 
 
 State = Tuple[List[np.ndarray], Dict[str, Any], Optional[float], int]
+RunInfo = Tuple[float, float, float, float]                  # loss, run seconds, run CPU seconds, clock at its end
+Part = Tuple[RunInfo, Optional[List[np.ndarray]]]            # what ``Worker.grads`` returns
+Ack = Tuple[Tuple[float, float, int, float], List[RunInfo]]   # what ``Worker.apply`` returns
 
 
 def capture_state(store: np.ndarray, slices: List[Tuple[int, int]], opt: Optimizer, steps: int) -> State:
@@ -113,17 +118,19 @@ class Worker:
     worker's gradients and steps; ``state`` / ``set_state`` move the replica's params,
     optimizer state and step count."""
 
-    def __init__(self, blob: bytes, param_ids: List[int], threads: int) -> None:
+    def __init__(self, blob: bytes, param_ids: List[int], threads: int, index: int = 0, count: int = 1) -> None:
         set_num_threads(threads)
         objs = from_bytes(blob)
         self.bwd: BackwardGraph = objs["bwd"]
         self.opt: Optimizer = objs["opt"]
         g = self.bwd.graph
+        self.index, self.count = index, count        # this worker's place among ``count``
         self.slices = [g.tensor(i)._store_slice() for i in param_ids]
         self.grad_slots = _spans([(int(self.bwd.off[n]), g.tensor(p).size)
                                   for p, n in zip(self.bwd.params, self.bwd.grad_nodes) if n >= 0])
         self.data: Dict[int, np.ndarray] = {}
         self.steps = 0                   # optimizer steps this replica has taken, counted as the fit counts
+        self.last: Optional[Ack] = None  # what the last ``apply`` returned: the driver asks for it after a failure
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="jitgraph-dp") if threads > 1 else None
 
     def ready(self) -> Tuple[str, str]:
@@ -139,43 +146,54 @@ class Worker:
     def set_state(self, state: State) -> None:
         self.steps = restore_state(self.bwd.graph.store, self.slices, self.opt, state)
 
-    def steps_done(self) -> int:
-        return self.steps
+    def steps_done(self) -> Tuple[int, Optional[Ack]]:
+        """(steps taken, what the last ``apply`` returned)."""
+        return self.steps, self.last
 
     def param_values(self) -> List[np.ndarray]:
         store = self.bwd.graph.store
         return [store[a:b].copy() for a, b in self.slices]
 
-    def grads(self, rows: np.ndarray, salt: int) -> Tuple[Tuple[float, float, float, float], List[np.ndarray]]:
+    def grads(self, rows: np.ndarray, salt: int) -> Part:
         """((loss, seconds in bwd.run, CPU seconds of this thread in bwd.run, the clock at
-        its end), gradients) of the rows ``rows`` of the data: two objects, so the
-        gradients go to the other workers without passing through the driver."""
+        its end), gradients) of the rows ``rows`` of the data: one object, which every
+        worker's ``apply`` reads.  The gradients are views of the program's memory (Ray
+        copies them out); a lone worker's stay where they are (None).  A GraphError
+        carries this worker's index (``.worker``) to the driver."""
         g = self.bwd.graph
         feeds = {Tensor(g, i): a[rows] for i, a in self.data.items()}
         t1, c1 = time.perf_counter(), time.thread_time()
-        loss = float(self.bwd.run(feeds, seed=salt))
+        try:
+            loss = float(self.bwd.run(feeds, seed=salt))
+        except GraphError as e:
+            e.worker = self.index
+            raise
         t2, c2 = time.perf_counter(), time.thread_time()
-        mem = self.bwd.mem               # views: Ray copies them into the object store on return
-        return (loss, t2 - t1, c2 - c1, t2), [mem[o:o + n] for o, n in self.grad_slots]
+        mem = self.bwd.mem
+        return (loss, t2 - t1, c2 - c1, t2), ([mem[o:o + n] for o, n in self.grad_slots] if self.count > 1 else None)
 
-    def apply(self, hyper: Dict[str, Any], *grads: List[np.ndarray]) -> Tuple[float, float, int, float]:
-        """Average the workers' gradients (``grads[i]`` is worker i's) into this
+    def apply(self, hyper: Dict[str, Any], *parts: Part) -> Ack:
+        """Average the workers' gradients (``parts[i]`` is worker i's ``grads``) into this
         program's gradient slots and take the optimizer step with ``hyper`` (the
         driver's lr and the rest, so a schedule set between steps reaches every replica).
-        Returns (seconds of the mean, seconds of the step, steps taken, the clock when
-        the gradients had arrived)."""
+        Returns ((seconds of the mean, seconds of the step, steps taken, the clock when
+        the gradients had arrived), every part's run information): any worker's answer
+        tells the driver every shard's loss."""
         t0 = time.perf_counter()
-        mem = self.bwd.mem
-        pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
-                  for j, (o, size) in enumerate(self.grad_slots) for lo in range(0, size, CHUNK)]
-        if self.pool is not None and len(pieces) > 1:
-            list(self.pool.map(lambda piece: _mean_into(*piece), pieces))     # the kernel lets go of the GIL
-        else:
-            for piece in pieces:
-                _mean_into(*piece)
+        if len(parts) > 1:           # a lone worker's gradients are their own mean
+            mem = self.bwd.mem
+            grads = [p[1] for p in parts if p[1] is not None]
+            pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
+                      for j, (o, size) in enumerate(self.grad_slots) for lo in range(0, size, CHUNK)]
+            if self.pool is not None and len(pieces) > 1:
+                list(self.pool.map(lambda piece: _mean_into(*piece), pieces))     # the kernel lets go of the GIL
+            else:
+                for piece in pieces:
+                    _mean_into(*piece)
         t1 = time.perf_counter()
         for k, v in hyper.items():
             setattr(self.opt, k, v)
         self.opt.step()
         self.steps += 1
-        return t1 - t0, time.perf_counter() - t1, self.steps, t0
+        self.last = ((t1 - t0, time.perf_counter() - t1, self.steps, t0), [p[0] for p in parts])
+        return self.last

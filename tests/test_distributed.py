@@ -6,7 +6,8 @@ of 10 steps.  Checked: the params equal one process's on the global batch (SGD a
 AdamW, 1e-9 relative); a repeat and runs with killed workers or a driver restart in the
 middle are bit-identical to an uninterrupted run; dropout with checkpointing is
 bit-identical to the same steps taken by hand in this process; a worker's GraphError
-reaches the driver with its message; bad batch sizes and checkpoints are refused.
+reaches the driver with its message; bad batch sizes and checkpoints are refused; a
+lone worker trains jg.train's bits.
 """
 import inspect
 import os
@@ -145,6 +146,20 @@ def test_same_params_as_one_process_on_the_global_batch(cluster, reference, kind
         assert np.abs(got[name] - want).max() <= 1e-9 * np.abs(want).max(), name
     for held in replicas:           # every worker holds the driver's params, bit for bit
         assert same_bits(held, {k: got[k] for k in held})
+
+
+def test_a_lone_worker_trains_the_bits_of_jg_train(cluster):
+    """One worker keeps its gradients where bwd.run left them (nothing goes through the
+    object store): its steps are jg.train's, bit for bit, dropout included."""
+    bwd, opt, x, y = model(BATCH, dropout=0.2)
+    one = jg.train(bwd, opt, {x: X, y: Y}, epochs=EPOCHS, batch_size=BATCH, seed=SEED, progress=False)
+    expect = {p.label: p.value for p in opt.params}
+    bwd, opt, x, y = model(BATCH, dropout=0.2)
+    with DataParallel(bwd, opt, num_workers=1) as dp:
+        losses = fit(dp, x, y)
+        assert losses == one
+        assert same_bits(dp.params(), expect)
+        assert dp.timing()["mean"] < 1e-4                 # no gradients to average
 
 
 def test_repeat_run_is_bit_identical(cluster, reference):
