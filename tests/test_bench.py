@@ -62,7 +62,7 @@ def check_common(report, md, out):
     d = report["results"]["d"]
     assert {"params", "ops", "build_forward", "build_backward", "total"} <= set(d["median_s"])
 
-    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "h", "h", "h", "h", "i", "i", "j", "k"]
+    assert [t["workload"] for t in report["targets"]] == ["a", "b", "c", "c", "d", "f", "f", "f", "g", "g", "h", "h", "h", "h", "i", "i", "j", "j", "k"]
     assert "## Targets" in md and "(a) tiny-op chain" in md and "## Environment" in md
     assert (out / "a.png").stat().st_size > 0 and (out / "d.png").stat().st_size > 0
 
