@@ -88,6 +88,8 @@ class DataParallel:
         self.start_timeout = float(start_timeout)
         self.batch = self._program_batch()
         self.restarts = 0                                 # workers replaced so far
+        self._ahead: Any = None                           # (step, its gradient refs) queued before it came
+        self._last_end: Optional[float] = None            # when the fit's last step ended
         self.position: Optional[Dict[str, Any]] = None    # where an unfinished fit stopped
         self.step_times: List[Dict[str, float]] = []      # per step of the last fit
         self.workers: List[Any] = []
@@ -171,6 +173,7 @@ class DataParallel:
 
     def _respawn(self, i):
         """End worker i (if it still runs) and start a new actor in its place."""
+        self._ahead = None
         try:
             ray.kill(self.workers[i])
         except Exception:              # already gone
@@ -297,7 +300,16 @@ class DataParallel:
         bar = tqdm(total=(total - start) * batch_size, unit="sample", leave=False,
                    desc=f"fit on {N} worker{'s' if N > 1 else ''}", disable=not progress)
         epoch_rows: Dict[int, List[np.ndarray]] = {}
+
+        def rows_of(step):
+            e = step // per_epoch
+            if e not in epoch_rows:
+                for old in [x for x in epoch_rows if x < e - 1]:
+                    del epoch_rows[old]
+                epoch_rows[e] = list(batch_rows(n, batch_size, shuffle, seed + e, "DataParallel.fit"))
+            return epoch_rows[e][step % per_epoch]
         losses: List[float] = []
+        self._ahead, self._last_end = None, None
         running = None
         k = reported = start
         lost = 0
@@ -307,10 +319,9 @@ class DataParallel:
             self._prepare(start)
             while k < total:
                 epoch = k // per_epoch
-                if epoch not in epoch_rows:
-                    epoch_rows = {epoch: list(batch_rows(n, batch_size, shuffle, seed + epoch, "DataParallel.fit"))}
                 try:
-                    loss = self._step(epoch_rows[epoch][k % per_epoch], seed + k, k)
+                    ahead = (rows_of(k + 1), seed + k + 1) if k + 1 < total else None
+                    loss = self._step(rows_of(k), seed + k, k, ahead)
                     if (k + 1) % per_epoch == 0 or k + 1 == total:
                         self._pull(in_fit=True)    # the driver's state, to restart from if every replica is lost
                 except _AllLost:
@@ -338,7 +349,7 @@ class DataParallel:
             self.position = None
         finally:
             bar.close()
-            self._data_ref = None
+            self._ahead = self._data_ref = None
             for w in self.workers:
                 w.set_data.remote(None)                      # frees the data in the object store
         return losses
@@ -352,16 +363,17 @@ class DataParallel:
         self._prepare(self._driver_steps)
         return self._driver_steps
 
-    def _step(self, rows, base, k):
+    def _step(self, rows, base, k, ahead=None):
         """Step k on the global batch ``rows``: each worker computes its shard's
-        gradients, then every worker averages all of them and steps."""
-        N, b = self.num_workers, self.batch
+        gradients, then every worker averages all of them and steps.  ``ahead``: step
+        k+1's (rows, base), whose gradients the workers compute next, while the driver
+        takes in step k's answers."""
+        N = self.num_workers
         t0 = time.perf_counter()
-        calls = [(rows[i * b:(i + 1) * b], base * N + i) for i in range(N)]
         hyper = self.opt._hyper()
         tries = [0] * N
         while True:
-            acks, failed = self._try_step(calls, hyper, k)
+            acks, failed = self._try_step(self._calls(rows, base), hyper, k, ahead)
             if failed is None:
                 break
             acks = self._recover(k, tries, failed)
@@ -369,6 +381,7 @@ class DataParallel:
                 break
         self._stale = True
         t1 = time.perf_counter()
+        t0, self._last_end = (self._last_end if self._last_end is not None else t0), t1
         done = [a for a in acks if a is not None]
         results = done[0][1]                   # every answer carries every shard's run information
         applied = [a[0] for a in done]
@@ -384,14 +397,26 @@ class DataParallel:
             loss += r[0]
         return loss / N
 
-    def _try_step(self, calls, hyper, k):
+    def _calls(self, rows, base):
+        """Each worker's (rows of its shard, dropout seed) for a step."""
+        N, b = self.num_workers, self.batch
+        return [(rows[i * b:(i + 1) * b], base * N + i) for i in range(N)]
+
+    def _try_step(self, calls, hyper, k, ahead):
         """One try at step k: (each worker's answer, None where it was lost; the failure
-        to recover from).  A worker's GraphError is raised, once every answer is in."""
-        parts = [w.grads.remote(*c) for w, c in zip(self.workers, calls)]
+        to recover from).  A worker's GraphError is raised, once every answer is in.
+        Step k+1's gradient runs are queued behind step k's (an actor runs its calls in
+        order), so the workers go on while the driver takes in the answers."""
+        prefetched, self._ahead = self._ahead, None
+        parts = prefetched[1] if prefetched and prefetched[0] == k else [
+            w.grads.remote(*c) for w, c in zip(self.workers, calls)]
+        refs = [w.apply.remote(hyper, *parts) for w in self.workers]
+        if ahead is not None:
+            self._ahead = (k + 1, [w.grads.remote(*c) for w, c in zip(self.workers, self._calls(*ahead))])
         acks: List[Any] = [None] * len(self.workers)
         failed: Optional[BaseException] = None
         error = None
-        for i, ref in enumerate([w.apply.remote(hyper, *parts) for w in self.workers]):
+        for i, ref in enumerate(refs):
             try:
                 acks[i] = ray.get(ref)
             except RayTaskError as e:
@@ -401,6 +426,8 @@ class DataParallel:
                     failed = e                 # a dead worker's gradients never came
             except DIED as e:
                 failed = e
+        if error is not None or failed is not None:
+            self._ahead = None                 # computed by replicas that may change: computed again
         if error is not None:
             raise self._worker_error(error[0], error[1], k) from None
         return acks, failed
