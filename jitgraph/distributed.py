@@ -221,7 +221,10 @@ class DataParallel:
 
     def _worker_error(self, e, i, step):
         cause = getattr(e, "cause", None)
-        return GraphError(f"DataParallel: worker {getattr(cause, 'worker', i)} failed in step {step + 1}: {cause}")
+        i = cause.worker if isinstance(cause, GraphError) and cause.worker is not None else i
+        error = GraphError(f"DataParallel: worker {i} failed in step {step + 1}: {cause}")
+        error.worker = i
+        return error
 
     def _alive(self, what):
         if not self.workers:

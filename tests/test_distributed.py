@@ -293,8 +293,9 @@ def test_worker_graph_error_reaches_the_driver(cluster):
         labels = Y.copy()
         labels[12] = 7                         # row 12 of the first batch: worker 1's shard; 4 classes
         with pytest.raises(jg.GraphError, match=r"worker 1 failed in step 1: cross_entropy.*index 7 at position 4 "
-                                                r"of 'y' is not an integer in \[0, 4\)"):
+                                                r"of 'y' is not an integer in \[0, 4\)") as raised:
             dp.fit({x: X, y: labels}, shuffle=False, progress=False)
+        assert raised.value.worker == 1
         assert dp.position is None             # no step completed
         before = dp.params()
         assert len(dp.fit({x: X[:BATCH], y: Y[:BATCH]}, progress=False)) == 1    # still works
