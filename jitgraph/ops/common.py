@@ -45,6 +45,16 @@ def need_tensor(x, what):
     return x
 
 
+def need_pair(what, g, x, min_ndim=0):
+    """(g, x), two Tensors of one graph and one shape (of >= min_ndim dims): the operands
+    of a fused gradient node, an incoming gradient and the tensor it is taken at."""
+    g = need_tensor(g, what)
+    x = need_tensor(x, what)
+    if g.shape != x.shape or g.graph is not x.graph or x.ndim < min_ndim:
+        raise GraphError(f"{what}: {g.label!r} {g.shape} and {x.label!r} {x.shape} must share graph and shape")
+    return g, x
+
+
 def broadcast_shapes(what, a, b):
     """numpy's broadcasting rule, with an error naming both tensors."""
     sa, sb = a.shape, b.shape

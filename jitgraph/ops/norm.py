@@ -26,7 +26,7 @@ from ..registry import COMPUTE, ELEMENTS, ROWS, defop
 from ..status import OK
 from ..vmath import dotdev8, in_dtype_of, sqdev8, sum8
 from .binary import MUL, SUB, add, mul, scaled
-from .common import need_tensor
+from .common import need_pair, need_tensor
 from .reduce import MEAN, SUM, row_reduce
 from .unary import SQR
 
@@ -195,10 +195,7 @@ defop(LAYER_NORM_AFFINE, "layer_norm_affine", layer_norm_affine, _run_layer_norm
 
 # ---- the fused gradients --------------------------------------------------------------------------
 def _norm_d(code: int, what: str, g: Tensor, x: Tensor, eps: float) -> Tensor:
-    g = need_tensor(g, what)
-    x = need_tensor(x, what)
-    if g.shape != x.shape or g.graph is not x.graph or x.ndim == 0:
-        raise GraphError(f"{what}: {g.label!r} {g.shape} and {x.label!r} {x.shape} must share graph and shape")
+    g, x = need_pair(what, g, x, min_ndim=1)
     return x.graph._node(code, (g.id, x.id), x.shape, fp=(_eps(eps, f"{what} of {x.label!r}"),))
 
 

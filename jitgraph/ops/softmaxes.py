@@ -25,7 +25,7 @@ from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
 from .. import vmath
 from ..vmath import dot8, in_dtype_of, max8, sum8
 from .binary import MUL, SUB, scaled
-from .common import as_tensor, graph_of, need_tensor, normalize_axis
+from .common import as_tensor, graph_of, need_pair, need_tensor, normalize_axis
 from .gather import MAX_EXACT_INDEX
 from .reduce import SUM, row_reduce
 from .shape import outer_inner
@@ -171,10 +171,7 @@ defop(LOG_SOFTMAX, "log_softmax", log_softmax, _run_log_softmax, _vjp_log_softma
 
 # ---- their gradients -------------------------------------------------------------------------------
 def _grad_pair(code: int, what: str, g: Tensor, y: Tensor, axis: int) -> Tensor:
-    g = need_tensor(g, what)
-    y = need_tensor(y, what)
-    if g.shape != y.shape or g.graph is not y.graph:
-        raise GraphError(f"{what}: {g.label!r} {g.shape} and {y.label!r} {y.shape} must share graph and shape")
+    g, y = need_pair(what, g, y)
     ax = normalize_axis(axis, y.ndim, f"{what} of {y.label!r}")
     return g.graph._node(code, (g.id, y.id), y.shape, ip=(ax + MAX_DIMS - y.ndim,))
 

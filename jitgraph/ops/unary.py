@@ -20,7 +20,7 @@ from ..registry import ELEMENTWISE, ZERO_GRAD, defop
 from ..status import NO_CONTRIBUTION, OK
 from .binary import AFFINE, DIV, MUL
 from ..vmath import like
-from .common import is_scalar, need_tensor
+from .common import is_scalar, need_pair, need_tensor
 
 __all__ = ["neg", "sqr", "sqrt", "exp", "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy",
            "leaky_relu"]
@@ -389,11 +389,7 @@ def times(v, n, f, lo, hi):
 def relu_d(g: Tensor, out: Tensor) -> Tensor:
     """g * step(out): relu's gradient from its output in one node (one compile and one
     pass where mul and step took two of each)."""
-    g = need_tensor(g, "relu_d")
-    out = need_tensor(out, "relu_d")
-    if g.shape != out.shape or g.graph is not out.graph:
-        raise GraphError(f"relu_d: g {g.label!r} {g.shape} and out {out.label!r} {out.shape} must share "
-                         "a shape and a graph")
+    g, out = need_pair("relu_d", g, out)
     return g.graph._node(RELU_D, (g.id, out.id), g.shape)
 
 
