@@ -312,7 +312,7 @@ class DataParallel:
                 epoch_rows[e] = list(batch_rows(n, batch_size, shuffle, seed + e, "DataParallel.fit"))
             return epoch_rows[e][step % per_epoch]
         losses: List[float] = []
-        self._ahead, self._last_end = None, None
+        self._last_end = None
         running = None
         k = reported = start
         lost = 0

@@ -4,11 +4,11 @@ driver wraps ``Worker`` with ``ray.remote``.
 
 A worker holds the program and the optimizer, loaded from ``jg.save`` bytes (no
 pickled code).  ``grads`` runs the program on the worker's shard and returns its
-loss and gradients, which go to every worker's ``apply`` without passing through the
-driver (through a Ray compiled graph's channels, or the object store); ``apply`` adds
-every worker's gradients in worker order, divides by N (``_mean_into``: numpy's
-add-then-divide, bit for bit, in one pass), steps, and answers with every shard's loss.
-All replicas apply the same bits and stay identical.
+loss and gradients, which go to every worker's ``apply`` through the object store
+without passing through the driver; ``apply`` adds every worker's gradients in worker
+order, divides by N (``_mean_into``: numpy's add-then-divide, bit for bit, in one pass),
+steps, and answers with every shard's loss.  All replicas apply the same bits and stay
+identical.
 """
 import os
 import tempfile
@@ -180,9 +180,9 @@ class Worker:
         the gradients had arrived), every part's run information): any worker's answer
         tells the driver every shard's loss."""
         t0 = time.perf_counter()
-        if len(parts) > 1:           # a lone worker's gradients are their own mean
+        grads = [p[1] for p in parts if p[1] is not None]
+        if grads:                    # none from a lone worker: its gradients are their own mean
             mem = self.bwd.mem
-            grads = [p[1] for p in parts if p[1] is not None]
             pieces = [(mem[o + lo:o + min(lo + CHUNK, size)], [g[j][lo:lo + CHUNK] for g in grads])
                       for j, (o, size) in enumerate(self.grad_slots) for lo in range(0, size, CHUNK)]
             if self.pool is not None and len(pieces) > 1:
