@@ -29,6 +29,7 @@ without it the workload is skipped.
 import math
 import os
 import statistics
+from dataclasses import replace
 
 import numpy as np
 
@@ -36,7 +37,7 @@ import jitgraph as jg
 
 from .gpt import FULL as GPT_FULL, QUICK as GPT_QUICK
 from .harness import Target, Workload, threads, time_calls
-from .models import chain_weights, gpt_logits, gpt_weights
+from .models import chain_weights, gpt_weights, jg_gpt
 from .report import fmt_s, md_table
 
 WORKERS = (1, 2)
@@ -69,18 +70,8 @@ def gpt(cfg):
     w = gpt_weights(cfg)
 
     def build(batch):
-        T, V = cfg.T, cfg.vocab
-        g = jg.Graph(np.float32)
-        P = {k: g.param(v, name=k) for k, v in w.items()}
-        idx = g.input((batch, T), name="idx", dtype=np.int64)
-        targets = g.input((batch, T, V), name="targets")
-        mask = g.const(np.triu(np.full((T, T), -1e9, np.float32), 1))
-
-        def attend(q, k, v):
-            return jg.softmax((q @ jg.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(cfg.head_dim)) + mask, -1) @ v
-        logits = jg.reshape(gpt_logits(P, idx, cfg, batch, attend), (batch * T, V))
-        loss = jg.cross_entropy(logits, jg.reshape(targets, (batch * T, V)))
-        return jg.build_backward(jg.build_forward(loss)), jg.optim.AdamW(list(P.values()), lr=1e-4), [idx, targets]
+        bwd, idx, targets, P = jg_gpt(w, replace(cfg, batch=batch), per_row_targets=True)
+        return bwd, jg.optim.AdamW(list(P.values()), lr=1e-4), [idx, targets]
 
     def data(rows, rng):
         seq = rng.integers(0, cfg.vocab, (rows, cfg.T + 1))

@@ -210,14 +210,16 @@ def gpt_logits(P, idx, cfg, batch, attend):
     return norm(x, "lnf") @ P["lm"]
 
 
-def jg_gpt(w, cfg, **backward_kwargs):
+def jg_gpt(w, cfg, per_row_targets=False, **backward_kwargs):
     """The GPT in jitgraph with unfused attention (a causal mask const and softmax), fwd+bwd
-    to the mean cross entropy: returns (bwd, idx input, one-hot targets input, {name: param})."""
+    to the mean cross entropy: returns (bwd, idx input, one-hot targets input, {name: param}).
+    The targets input is (B * T, vocab), or with ``per_row_targets`` (B, T, vocab), so that
+    both inputs have the batch axis first (DataParallel shards them)."""
     B, T = cfg.batch, cfg.T
     g = jg.Graph(np.float32)
     P = {k: g.param(v, name=k) for k, v in w.items()}
     idx = g.input((B, T), name="idx", dtype=np.int64)
-    targets = g.input((B * T, cfg.vocab), name="targets")
+    targets = g.input((B, T, cfg.vocab) if per_row_targets else (B * T, cfg.vocab), name="targets")
     # causal: a large negative score above the diagonal, so softmax gives those keys 0
     mask = g.const(np.triu(np.full((T, T), -1e9, np.float32), 1))
 
@@ -226,7 +228,8 @@ def jg_gpt(w, cfg, **backward_kwargs):
         return jg.softmax(scores, -1) @ v
 
     logits = jg.reshape(gpt_logits(P, idx, cfg, B, attend), (B * T, cfg.vocab))
-    bwd = jg.build_backward(jg.build_forward(jg.cross_entropy(logits, targets)), **backward_kwargs)
+    flat = jg.reshape(targets, (B * T, cfg.vocab)) if per_row_targets else targets
+    bwd = jg.build_backward(jg.build_forward(jg.cross_entropy(logits, flat)), **backward_kwargs)
     return bwd, idx, targets, P
 
 
