@@ -7,7 +7,7 @@ results are C callbacks whose addresses fill one table per dtype (runners) and
 one for rules; the interpreter and the backward pass index them by opcode.
 
 A compile *unit* is one runner or rule.  When several units are not in the
-on-disk cache yet, worker processes (``python -m jitgraph._compile_worker``) compile
+on-disk cache yet, worker processes (``_boot.child_argv``: they import this very jitgraph) compile
 some of them while this process compiles others: each unit is claimed by
 creating a file (``O_EXCL``: exactly one process wins it), every process takes the
 first unclaimed unit in one order (``_order``: rules, then the longest kernels), and
@@ -36,6 +36,7 @@ from numba.core.errors import NumbaIRAssumptionWarning
 from threadpoolctl import threadpool_info
 
 from . import _cache, registry
+from ._boot import child_argv
 from .threads import max_threads, single_threaded_blas
 
 SKIP = -1          # runner entry of an op without a kernel (leaves, views); rule entry of ZERO_GRAD
@@ -152,15 +153,10 @@ def _live():
 
 
 def _start_workers(units, claims, n):
-    """Start n worker processes on ``units``."""
-    env = dict(os.environ)
-    here = os.path.dirname(_cache.PACKAGE_DIR)        # import this very jitgraph, wherever it is
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["JITGRAPH_QUIET"] = "1"
-    args = [f"{kind}:{code}:{dtype}" for kind, code, dtype in units]
-    return [subprocess.Popen([sys.executable, "-m", "jitgraph._compile_worker", claims, *args],
-                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            for _ in range(n)]
+    """Start n worker processes on ``units``; each imports this very jitgraph (_boot)."""
+    env = dict(os.environ, JITGRAPH_QUIET="1")
+    argv = child_argv("jitgraph.compiler:worker", claims, *(f"{kind}:{code}:{dtype}" for kind, code, dtype in units))
+    return [subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for _ in range(n)]
 
 
 def _spawn(units):
@@ -397,7 +393,7 @@ def natives(dtype):
 
 
 def worker(argv) -> int:
-    """The worker process (jitgraph/_compile_worker.py): ``CLAIMS UNIT...``, UNIT
+    """The worker process (started by ``_start_workers``): ``CLAIMS UNIT...``, UNIT
     being kind:code:dtype; compiles the units it can claim into the cache, then those of
     the batches that come (``_add_batch``), until none has come for WORKER_IDLE_S or the
     process that started it has ended (its claims folder is gone)."""

@@ -40,6 +40,7 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayT
 from tqdm.auto import tqdm
 
 from . import _cache
+from ._boot import actor_class, ship_by_value
 from .errors import GraphError
 from .graph import Tensor
 from .ir import F_INDEX
@@ -112,7 +113,9 @@ class DataParallel:
                 raise GraphError(f"DataParallel: {self.num_workers} workers x {self.threads} threads need {need} CPUs; "
                                  f"the Ray cluster has {cpus:g}")
             self._blob = ray.put(to_bytes({"bwd": bwd, "opt": opt}))
-            self._actor = ray.remote(Worker)
+            ship_by_value(ray.cloudpickle)     # the actor's stand-in reaches a worker before any jitgraph does
+            methods = tuple(m for m in dir(Worker) if not m.startswith("_") and callable(getattr(Worker, m)))
+            self._actor = ray.remote(actor_class(ray.cloudpickle.dumps(Worker), "Worker", methods))
             self.workers = [self._spawn(i) for i in range(self.num_workers)]   # they start while the driver warms up
             self._warm_up()
             self._check_ready()
@@ -140,12 +143,9 @@ class DataParallel:
         self.bwd.run(feeds)
 
     def _spawn(self, i):
-        # the workers import the jitgraph this driver imported, wherever it lives
-        here = os.path.dirname(_cache.PACKAGE_DIR)
-        env = {"PYTHONPATH": here + os.pathsep + "${PYTHONPATH}"}
-        return self._actor.options(num_cpus=self.threads, max_restarts=0, scheduling_strategy="SPREAD",
-                                   runtime_env={"env_vars": env}).remote(self._blob, self._param_ids, self.threads,
-                                                                         i, self.num_workers)
+        # the stand-in imports the jitgraph folder this driver imported (or the node's own, on another machine)
+        return self._actor.options(num_cpus=self.threads, max_restarts=0, scheduling_strategy="SPREAD").remote(
+            self._blob, self._param_ids, self.threads, i, self.num_workers)
 
     def _check_ready(self):
         try:
