@@ -37,6 +37,7 @@ def load_package(folder: str):
     for name in [m for m in sys.modules if m == "jitgraph" or m.startswith("jitgraph.")]:
         del sys.modules[name]
     spec = importlib.util.spec_from_file_location("jitgraph", init, submodule_search_locations=[folder])
+    assert spec is not None and spec.loader is not None       # a .py file always has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["jitgraph"] = module
     try:

@@ -41,21 +41,24 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     """
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph
-    g.nodes.flags[loss.id] |= F_LOSS
-    first = g.nodes.n
-    params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
-    end = g.nodes.n
-    sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy, slots)
-    if sched is not None:
-        apply(g, fwd, first, end, sched)
-    return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
+    with g.transaction(flags=True):        # a plan that cannot be made leaves no gradient nodes behind
+        g.nodes.flags[loss.id] |= F_LOSS
+        first = g.nodes.n
+        params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
+        end = g.nodes.n
+        sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy,
+                            slots)
+        if sched is not None:
+            apply(g, fwd, first, end, sched)
+        return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
 
 
 def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
     """Gradient tensors of scalar ``loss`` with respect to params ``wrt`` (a list),
     as graph nodes to build on -- second-order derivatives differentiate them again."""
-    bwd = build_backward(build_forward(loss))
-    return [bwd.grad_tensor(p) for p in wrt]
+    with loss.graph.transaction(flags=True):
+        bwd = build_backward(build_forward(loss))
+        return [bwd.grad_tensor(p) for p in wrt]
 
 
 def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True) -> List[dict]:

@@ -5,9 +5,11 @@ value store holding every param's and const's data.  A ``Tensor`` is a thin
 handle ``(graph, node id)``; ops are plain functions in ``jitgraph.ops``, and a
 Tensor's operators call them through the op table.
 """
+import contextlib
+import functools
 import numbers
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -15,7 +17,7 @@ from .errors import GraphError
 from .ir import (F_CONST, F_INDEX, F_INPUT, F_PARAM, MAX_DIMS, NodeTable,
                  aligned_zeros, flag_names)
 from .order import topo_order
-from .registry import BY_NAME, CONST, INPUT, OPS, PARAM
+from .registry import BY_NAME, CONST, EXPORTS, INPUT, OPS, PARAM
 from .viz import describe, render_svg, rich_html, to_dot
 
 _ALIGN = 16   # elements: value offsets are multiples of 64 bytes (float32)
@@ -83,6 +85,9 @@ class Graph:
         self.store_used = 0                      # elements of the store, pending included
         self.params: List[int] = []          # param node ids, in creation order
         self._segment_depth = 0   # > 0 while jg.checkpoint builds a segment
+        self._journaling = 0      # open transactions, and the renames of older nodes they may undo
+        self._journal: List[tuple] = []
+        self._journal_floor = 1 << 62  # the node count at the outermost open transaction
         self.grads: Dict[int, Any] = {}           # param id -> (backward program, index) that last computed its gradient
         self.grads_owner: Any = None   # the backward program every entry of grads points at, if one does
         self.grads_version = 0    # bumped whenever grads changes (optimizers cache on it)
@@ -106,7 +111,8 @@ class Graph:
             return name
         return f"{OPS[int(self.nodes.op[n])].name}#{n}"
 
-    def _set_name(self, n, name):
+    def _check_name(self, name, n=-1):
+        """GraphError unless ``name`` is None or a name node n may take."""
         if name is None:
             return
         if not isinstance(name, str) or not name:
@@ -114,11 +120,80 @@ class Graph:
         other = self._ids_by_name.get(name)
         if other is not None and other != n:
             raise GraphError(f"name {name!r} is already used by another tensor of this graph")
+
+    def _set_name(self, n, name):
+        self._check_name(name, n)
+        if name is None:
+            return
         old = self.names.get(n)
+        if self._journaling and n < self._journal_floor:
+            self._journal.append((n, old))      # renaming a node older than the open transaction
         if old is not None:
             del self._ids_by_name[old]
         self.names[n] = name
         self._ids_by_name[name] = n
+
+    # ---- transactions: a build that raises leaves the graph as it was ------------------
+    @contextlib.contextmanager
+    def transaction(self, flags: bool = False) -> Iterator[None]:
+        """If the body raises, the graph returns to its state at entry -- node count,
+        names, params, the value store, segment depth (and with ``flags``, the flags of the
+        nodes it had) -- before the exception propagates unchanged.  What ``jg.checkpoint``,
+        ``build_backward`` and ``jg.grad`` build in; op builders roll back the same way
+        (``transactional``)."""
+        n, depth, journal, floor = self.nodes.n, self._segment_depth, len(self._journal), self._journal_floor
+        kept_flags = self.nodes.flags[:n].copy() if flags else None
+        self._journaling += 1
+        self._journal_floor = n
+        try:
+            yield
+        except BaseException:
+            self.rollback(n)                  # first: new nodes give back the names they took
+            for m, old in reversed(self._journal[journal:]):
+                if m in self.names:
+                    del self._ids_by_name[self.names.pop(m)]
+                if old is not None:
+                    self.names[m] = old
+                    self._ids_by_name[old] = m
+            del self._journal[journal:]
+            self._segment_depth = depth
+            if kept_flags is not None:
+                self.nodes.flags[:n] = kept_flags
+            raise
+        finally:
+            self._journaling -= 1
+            self._journal_floor = floor
+            if not self._journaling:          # an outer transaction may still undo an inner one's renames
+                self._journal.clear()
+
+    def rollback(self, n: int) -> None:
+        """Drop every node from id ``n`` on, with its name, shape, param entry and value
+        store slot (the graph becomes what it was when it had n nodes, but for renames of
+        older nodes: ``transaction`` undoes those)."""
+        nodes = self.nodes
+        end = nodes.n
+        if n >= end:
+            return
+        new = np.arange(n, end)
+        valued = new[(nodes.flags[n:end] & (F_PARAM | F_CONST)) != 0]
+        if valued.size:                      # slots are handed out in node order: cut at the first
+            cut = int(nodes.ip[valued, 0].min())
+            if self._packed > cut:
+                self._packed, self._pending = cut, []
+            else:
+                at, keep = self._packed, 0
+                while keep < len(self._pending) and at < cut:
+                    at += self._pending[keep].size
+                    keep += 1
+                del self._pending[keep:]
+            self.store_used = cut
+        for m in [m for m in self.names if m >= n]:
+            del self._ids_by_name[self.names.pop(m)]
+        for m in range(n, end):
+            self.shapes.pop(m, None)
+        while self.params and self.params[-1] >= n:
+            self.params.pop()
+        nodes.truncate(n)
 
     def tensor(self, key: Union[str, int]) -> "Tensor":
         """The tensor with this name (or node id)."""
@@ -146,6 +221,27 @@ class Graph:
 
     def __repr__(self):
         return f"Graph({self.nodes.n} nodes, dtype={self.dtype.name})"
+
+    # ---- pictures: every node of the graph, in id order ----
+    def to_dot(self, max_nodes: int = 300, legend: bool = True, rankdir: str = "TB") -> str:
+        """Graphviz DOT text of the whole graph (the last ``max_nodes`` nodes when bigger)."""
+        return to_dot(self, np.arange(self.nodes.n, dtype=np.int64), max_nodes=max_nodes, legend=legend,
+                      rankdir=rankdir, title=repr(self))
+
+    def node_rows(self, order: Optional[np.ndarray] = None) -> List[dict]:
+        """One dict per node (all of them, or those of ``order``): id, name, describe, op,
+        shape, bytes, sources, flags -- the table pictures fold underneath."""
+        ids = range(self.nodes.n) if order is None else (int(n) for n in order)
+        return [{"id": n, "name": self.names.get(n, ""), "describe": describe(self, n),
+                 "op": OPS[int(self.nodes.op[n])].name, "shape": self.shape_of(n),
+                 "bytes": int(np.prod(self.shape_of(n), dtype=np.int64)) * self.dtype.itemsize,
+                 "sources": self.nodes.sources(n), "flags": flag_names(int(self.nodes.flags[n]))} for n in ids]
+
+    def _repr_svg_(self):
+        return render_svg(self.to_dot(max_nodes=150))
+
+    def _repr_html_(self):
+        return rich_html(repr(self), self.to_dot(max_nodes=150), self.node_rows(), f"{self.nodes.n} nodes")
 
     # ---- leaves ----------------------------------------------------------------
     @property
@@ -182,6 +278,7 @@ class Graph:
         shape = arr.shape
         if len(shape) > MAX_DIMS or 0 in shape:
             check_shape(shape, what)          # raises with the message
+        self._check_name(name)                # before anything is added
         if arr.dtype.kind in "iu" and op == CONST:
             flags |= F_INDEX      # an integer const can index an embedding
         off = self._store_add(arr)
@@ -201,6 +298,7 @@ class Graph:
                 flags |= F_INDEX
             elif dt.kind != "f":
                 raise GraphError(f"{what}: dtype must be a float or integer type, got {dt}")
+        self._check_name(name)
         t = self._node(INPUT, (), shape, flags=flags)
         self._set_name(t.id, name)
         return t
@@ -216,9 +314,62 @@ class Graph:
         return self._leaf_with_value(CONST, F_CONST, value, name, f"const {name!r}" if name else "const")
 
 
+def _graph_in(args: tuple, kwargs: dict) -> Optional["Graph"]:
+    """The graph of the first Tensor among a builder's arguments (or in a list of them)."""
+    for a in args:
+        if type(a) is Tensor:
+            return a.graph
+        if isinstance(a, (list, tuple)) and a and type(a[0]) is Tensor:
+            return a[0].graph
+    for a in kwargs.values():
+        if type(a) is Tensor:
+            return a.graph
+    return None
+
+
+def transactional(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build`` (an op builder) made all or nothing: if it raises -- a bad operand found
+    after it made a const or a reshape -- its graph drops what it added (``Graph.rollback``)
+    before the exception propagates.  What ``jitgraph.<op>`` and the Tensor operators call."""
+    @functools.wraps(build)
+    def builder(*args: Any, **kwargs: Any) -> Any:
+        first = args[0] if args else None
+        g = first.graph if type(first) is Tensor else _graph_in(args, kwargs)     # the usual case, inline
+        if g is None:
+            return build(*args, **kwargs)
+        n = g.nodes.n
+        try:
+            return build(*args, **kwargs)
+        except BaseException:
+            g.rollback(n)
+            raise
+    return builder
+
+
+_public: Dict[Any, Callable[..., Any]] = {}     # builder -> its transactional form
+
+
+def public_builders() -> Dict[str, Callable[..., Any]]:
+    """{name: builder} of every public op builder (registry.EXPORTS), each transactional:
+    the functions ``jitgraph.<name>`` are."""
+    out = {}
+    for name, fn in EXPORTS.items():
+        if fn not in _public:
+            _public[fn] = transactional(fn)
+        out[name] = _public[fn]
+    return out
+
+
+_by_op_name: Dict[str, Callable[..., Any]] = {}
+
+
 def _op(name: str) -> Any:
-    """The builder of op ``name`` (the ops register themselves when jitgraph is imported)."""
-    return BY_NAME[name].builder
+    """The public builder of op ``name`` (the ops register themselves when jitgraph is imported)."""
+    got = _by_op_name.get(name)
+    if got is None:
+        fn = BY_NAME[name].builder
+        got = _by_op_name[name] = _public.setdefault(fn, transactional(fn))
+    return got
 
 
 class Tensor:
@@ -413,12 +564,7 @@ class Tensor:
         return render_svg(self.to_dot(max_nodes=150))
 
     def _repr_html_(self):
-        g = self.graph
-        rows = [{"id": int(n), "name": g.names.get(int(n), ""), "describe": describe(g, int(n)),
-                 "op": OPS[int(g.nodes.op[n])].name, "shape": g.shape_of(int(n)),
-                 "bytes": int(np.prod(g.shape_of(int(n)), dtype=np.int64)) * g.dtype.itemsize,
-                 "sources": g.nodes.sources(int(n)), "flags": flag_names(int(g.nodes.flags[n]))}
-                for n in self._ancestry()]
+        rows = self.graph.node_rows(self._ancestry())
         return rich_html(repr(self), self.to_dot(max_nodes=150), rows, f"{len(rows)} nodes in its subgraph")
 
 

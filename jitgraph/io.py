@@ -87,7 +87,7 @@ def save(path: Union[str, "os.PathLike[str]"], obj: Any) -> None:
             raise GraphError(f"save: cannot save {key!r}, a {type(v).__name__}")
         objects.append(rec)
     meta = {"magic": MAGIC, "version": VERSION, "dtype": g.dtype.name,
-            "names": {str(k): v for k, v in g.names.items()}, "objects": objects,
+            "names": {str(k): v for k, v in sorted(g.names.items())}, "objects": objects,
             "single": not isinstance(obj, dict)}
     arrays["meta"] = np.array(json.dumps(meta))
     arrays["checksum"] = np.array(_checksum(arrays))

@@ -165,6 +165,21 @@ class NodeTable:
                 cap *= 2
             self._allocate(cap)
 
+    def truncate(self, n):
+        """Drop the nodes from id ``n`` on; their rows return to the defaults ``append``
+        relies on."""
+        end = self.n
+        self.op[n:end] = 0
+        self.src[n:end] = -1
+        self.ndim[n:end] = 0
+        self.shape[n:end] = 1
+        self.ip[n:end] = 0
+        self.fp[n:end] = 0.0
+        self.flags[n:end] = 0
+        self.origin[n:end] = -1
+        self.rule[n:end] = -1
+        self.n = min(n, end)
+
     def arrays(self) -> Nodes:
         """The named tuple G handed to jitted passes."""
         return Nodes(self.op, self.src, self.ndim, self.shape, self.ip, self.fp,

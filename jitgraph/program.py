@@ -15,14 +15,14 @@ from .cost import total_flops
 from .errors import GraphError
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import block_runner, needs_blocks, run_nodes, run_nodes_debug
-from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, aligned_zeros, flag_names
+from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, aligned_zeros
 from .running import RunningStats, io_slots
 from .order import topo_order
 from .plan import K_VIEW, backward_orders, best_plan
 from .registry import OPS, table
 from .status import ERR_INDEX, ERR_NOT_COMPILED
 from .threads import enter_run, held_blas
-from .viz import describe, plot_memory, render_svg, rich_html, to_dot
+from .viz import plot_memory, render_svg, rich_html, to_dot
 
 Feeds = Mapping[Any, Any]     # {input tensor or its name: array}
 
@@ -344,19 +344,10 @@ class Program:
         """One dict per node in execution order: id, name, describe (what it is; for a
         gradient node, the forward node and rule it comes from), op, shape, bytes,
         sources, flags, loc and offset (planned, in bytes)."""
-        g = self.graph
-        nodes = g.nodes
-        rows = []
-        for n in self.order.tolist():
-            shape = g.shape_of(n)
-            size = int(np.prod(shape, dtype=np.int64))
-            rows.append({
-                "id": n, "name": g.names.get(n, ""), "describe": describe(g, n),
-                "op": OPS[int(nodes.op[n])].name, "shape": shape,
-                "bytes": size * self.itemsize, "sources": nodes.sources(n),
-                "flags": flag_names(int(nodes.flags[n])),
-                "loc": ("arena", "store", "io")[int(self.loc[n])], "offset": int(self.off[n]) * self.itemsize,
-            })
+        rows = self.graph.node_rows(self.order)
+        for row in rows:
+            n = row["id"]
+            row.update(loc=("arena", "store", "io")[int(self.loc[n])], offset=int(self.off[n]) * self.itemsize)
         return rows
 
     # ---- pictures (Jupyter shows _repr_html_: the picture and a folded node table) ----

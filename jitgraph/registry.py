@@ -1,6 +1,6 @@
 """The op table: the single source of truth about every op.
 
-Each op family module (``ops/elementwise.py``, ``ops/reduce.py`` ...) declares
+Each op family module (``ops/unary.py``, ``ops/reduce.py`` ...) declares
 each of its ops with one :func:`defop` call, right below the op's three parts:
 
 * the **builder** -- the Python function users call; it checks the operands and
@@ -13,8 +13,8 @@ each of its ops with one :func:`defop` call, right below the op's three parts:
 Opcodes are explicit and **stable**: a code is never reused or renumbered (a test
 pins them), so code compiled and cached against one op table can never dispatch to
 the wrong kernel after another op is added.  Saved graphs store op *names*.
-Everything else -- the public exports, cost tables, viz labels, the names in saved
-files -- is read from this table.
+Everything else -- the public exports (``EXPORTS``: ``jitgraph.relu`` ...), cost
+tables, viz labels, the names in saved files -- is read from this table.
 """
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -81,6 +81,7 @@ class Op:
 
 OPS: dict = {}          # code -> Op
 BY_NAME: dict = {}      # name -> Op
+EXPORTS: dict = {}      # public name -> builder: what ``jitgraph.<name>`` is (see ``export``)
 
 
 def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
@@ -107,8 +108,21 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
                    public and builder is not None, label or name, split, blas)
     BY_NAME[name] = OPS[code]
+    if builder is not None and OPS[code].public:
+        export(builder)
     _tables.clear()
     return code
+
+
+def export(builder: Callable[..., Any]) -> Callable[..., Any]:
+    """Make ``builder`` public as ``jitgraph.<its name>``: defop does it for every public
+    op's builder; a builder that is not an op's own (``scale``, ``conv1d``) says so with
+    ``@export``."""
+    name = builder.__name__
+    if EXPORTS.get(name, builder) is not builder:
+        raise ValueError(f"two public builders are named {name!r}")
+    EXPORTS[name] = builder
+    return builder
 
 
 def n_codes() -> int:

@@ -67,15 +67,21 @@ def test_each_op_knows_its_family_kind_and_cost():
 
 
 def test_exports_are_the_public_builders():
+    """jitgraph.<name> is read from the table: each public op's builder (made all or nothing,
+    graph.transactional) and the few declared with @export, nothing else."""
     for op in OPS.values():
         if op.public:
             name = op.builder.__name__
             assert name in jg.__all__, f"public op {op.name!r} is not exported as jitgraph.{name}"
-            assert getattr(jg, name) is op.builder
+            assert getattr(jg, name).__wrapped__ is op.builder
     internal = {op.builder.__name__ for op in OPS.values() if op.builder is not None and not op.public}
     assert not internal & set(jg.__all__), "internal ops must not be exported"
+    builders = {name for name in jg.__all__ if hasattr(getattr(jg, name), "__wrapped__")}
+    assert builders == set(registry.EXPORTS) >= {"scale", "conv1d"}
     for name in jg.__all__:
         assert hasattr(jg, name), name
+    with pytest.raises(AttributeError):
+        jg.no_such_op
 
 
 def test_readme_lists_every_public_op():

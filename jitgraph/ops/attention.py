@@ -57,7 +57,6 @@ from .binary import MUL
 from .reduce import SUM, row_reduce
 from .shape import CONCAT, SLICE, axis_node
 
-__all__ = ["attention"]
 
 ATTENTION, ATTENTION_D = 69, 70
 

@@ -49,7 +49,6 @@ from ..vmath import in_dtype_of, sum8
 from .common import need_tensor
 from .shape import SLICE, axis_node, concat, reshape
 
-__all__ = ["batch_norm"]
 
 BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76
 

@@ -14,12 +14,11 @@ from ..emit import grad_node, grad_node_fp
 from ..errors import GraphError
 from ..graph import Operand, Tensor
 from ..native import operand, output, rule_view, run_view, same_data, span
-from ..registry import ELEMENTWISE, defop
+from ..registry import ELEMENTWISE, defop, export
 from ..status import NO_CONTRIBUTION, OK
 from ..vmath import in_dtype_of
 from .common import as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 
-__all__ = ["add", "sub", "mul", "div", "scale", "where"]
 
 ADD, SUB, MUL, DIV, AFFINE = 4, 5, 6, 7, 9
 WHERE = 47
@@ -256,6 +255,7 @@ def affine(t: Tensor, a: float, b: float) -> Tensor:
     return t.graph._node(AFFINE, (t.id,), t.shape, fp=(float(a), float(b)))
 
 
+@export
 def scale(t: Tensor, s: float) -> Tensor:
     """s * t for a Python number s."""
     t = need_tensor(t, "scale")

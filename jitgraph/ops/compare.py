@@ -15,7 +15,6 @@ from ..registry import ELEMENTWISE, ZERO_GRAD, defop
 from ..vmath import like
 from .binary import MUL, _binary, binary
 
-__all__ = ["maximum", "minimum", "less", "less_equal", "greater", "greater_equal", "equal"]
 
 MAXIMUM, MINIMUM, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL = range(61, 68)
 

@@ -47,14 +47,13 @@ from ..errors import GraphError
 from ..graph import Tensor
 from ..ir import F_GRAD
 from ..native import RUN_EXTENT, data_pointer, operand, output, rule_view, run_view, span
-from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
+from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop, export
 from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, dot_tile, fma_tile
 from ..status import ERR_BAD_NODE, NO_CONTRIBUTION, OK
 from .common import need_tensor
 from .shape import RESHAPE, reshape
 from .windows import COL2IM, IM2COL, Pair, int_pair, im2col, out_size, pad_node, windows_node
 
-__all__ = ["conv2d", "conv1d"]
 
 CONV2D, CONV2D_WEIGHT = 79, 80
 FWD, FLIP = 0, 1          # ip[3]: the weights as stored, or flipped and transposed (an input gradient)
@@ -117,6 +116,7 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
     return g._node(CONV2D, (x.id, wv.id, cols.id), (N, C_out, OH, OW), ip=(1, 1, groups, FWD, 0, 0, WINDOWS, K))
 
 
+@export
 def conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1) -> Tensor:
     """1-D cross-correlation as PyTorch's conv1d: ``x`` (N, C_in, L), ``w`` (C_out, C_in / groups,
     k) -> (N, C_out, L_out); conv2d on a height of 1."""

@@ -19,7 +19,6 @@ from .binary import AFFINE, MUL, scaled
 from .common import is_scalar, need_tensor
 from .unary import _unary, unary
 
-__all__ = ["sin", "cos", "pow", "clip"]
 
 SIN, COS, POW, CLIP, CLIP_MASK = 56, 57, 58, 59, 60
 

@@ -20,7 +20,6 @@ from ..registry import ROWS, defop
 from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
 from .common import as_tensor, need_tensor
 
-__all__ = ["embedding"]
 
 EMBEDDING, SCATTER_ADD = 45, 46
 

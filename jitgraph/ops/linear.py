@@ -28,7 +28,6 @@ from ..status import OK
 from .common import as_tensor, graph_of
 from .shape import TRANSPOSE, reshape
 
-__all__ = ["matmul"]
 
 MATMUL = 37
 FLAT = 1                      # ip[2]: both operands are read as 2-D (all leading axes fold into rows)

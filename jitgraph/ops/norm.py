@@ -30,7 +30,6 @@ from .common import need_pair, need_tensor
 from .reduce import MEAN, SUM, row_reduce
 from .unary import SQR
 
-__all__ = ["layer_norm", "rms_norm"]
 
 LAYER_NORM, RMS_NORM, NORM_RSTD = 41, 42, 43
 LAYER_NORM_D, RMS_NORM_D = 51, 52

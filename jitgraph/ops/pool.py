@@ -29,7 +29,6 @@ from ..status import NO_CONTRIBUTION, OK
 from .common import need_tensor
 from .windows import int_pair, out_size, valid_columns
 
-__all__ = ["max_pool2d", "avg_pool2d"]
 
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86
 MAX, MAX_D, AVG, AVG_D = 0, 1, 2, 3       # the kernel's modes

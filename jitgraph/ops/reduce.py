@@ -26,7 +26,6 @@ from ..ir import MAX_DIMS
 from .common import broadcast_mask, need_tensor, normalize_axes, normalize_axis, padded_mask
 from .shape import outer_inner
 
-__all__ = ["sum", "mean", "max", "broadcast_to", "argmax"]
 
 SUM, MEAN, MAX, BROADCAST, MAX_MASK = 27, 28, 29, 30, 31
 ARGMAX = 68

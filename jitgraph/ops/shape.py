@@ -16,7 +16,6 @@ from ..registry import FREE, ROWS, VIEW, defop
 from ..status import OK
 from .common import graph_of, need_tensor, normalize_axis
 
-__all__ = ["reshape", "transpose", "concat", "slice_axis", "pad_axis"]
 
 RESHAPE, TRANSPOSE, CONCAT, SLICE, PAD = 32, 33, 34, 35, 36
 

@@ -31,7 +31,6 @@ from .reduce import SUM, row_reduce
 from .shape import outer_inner
 from .unary import EXP
 
-__all__ = ["softmax", "log_softmax", "cross_entropy"]
 
 SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY = 38, 39, 40
 SOFTMAX_D, LOG_SOFTMAX_D = 49, 50

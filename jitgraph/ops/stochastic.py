@@ -17,7 +17,6 @@ from ..registry import ELEMENTWISE, defop
 from ..status import OK
 from .common import need_tensor
 
-__all__ = ["dropout"]
 
 DROPOUT = 44
 

@@ -22,8 +22,6 @@ from .binary import AFFINE, DIV, MUL
 from ..vmath import like
 from .common import is_scalar, need_pair, need_tensor
 
-__all__ = ["neg", "sqr", "sqrt", "exp", "log", "abs", "relu", "gelu", "silu", "tanh", "sigmoid", "copy",
-           "leaky_relu"]
 
 NEG = 8
 SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = range(10, 21)

@@ -24,7 +24,6 @@ from ..registry import CUSTOM, defop
 from ..status import OK
 from .common import need_tensor
 
-__all__: list = []
 
 IM2COL, COL2IM = 81, 82
 
