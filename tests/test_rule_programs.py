@@ -1,0 +1,38 @@
+"""Gradient rules are programs now; the graphs they build and the bits they compute are
+exactly what the jitted rules of the tree before built (tests/fixtures/rule_graphs.npz,
+recorded at 8490958 by tests/rule_graphs.py): for every case of tests/naive.py, first
+and second order and without the zero table, and for the GPT, ResNet, char-GPT and
+relu-chain workloads, plain and checkpointed (sqrt, revolve, policy, budget)."""
+import numpy as np
+import pytest
+
+from jitgraph.ir import FIELDS
+
+from . import rule_graphs
+
+EXPECTED = np.load(rule_graphs.FIXTURE)
+CASES = rule_graphs.cases()
+
+
+def expected(key):
+    prefix = key + ":"
+    return {k[len(prefix):]: EXPECTED[k] for k in EXPECTED.files if k.startswith(prefix)}
+
+
+def test_the_fixture_covers_every_case():
+    assert {k.split(":")[0] for k in EXPECTED.files} == set(CASES)
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_gradient_graph_and_bits_are_what_they_were(key):
+    want = expected(key)
+    got = rule_graphs.snapshot(CASES[key])
+    if "error" in want or "error" in got:
+        assert str(got.get("error")) == str(want.get("error"))
+        return
+    assert got["opname"].size == want["opname"].size, "node count"
+    np.testing.assert_array_equal(got["opname"], want["opname"])
+    for field in FIELDS:
+        np.testing.assert_array_equal(got[field], want[field], err_msg=field)
+    assert got["values"].dtype == want["values"].dtype
+    np.testing.assert_array_equal(got["values"].view(np.uint8), want["values"].view(np.uint8))
