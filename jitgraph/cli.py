@@ -67,7 +67,7 @@ def warmup(args: argparse.Namespace) -> int:
     """Compile the graph passes and every op's kernels into the cache, on all cores."""
     dtypes = list(DTYPES) if args.all else list(dict.fromkeys(args.dtype))
     got = fill(dtypes, progress=not args.no_progress)
-    print(f"jitgraph warmup: {int(got['functions'])} kernels and rules compiled for {', '.join(dtypes)} "
+    print(f"jitgraph warmup: {int(got['functions'])} kernels compiled for {', '.join(dtypes)} "
           f"in {got['seconds']:.1f} s; cache: {_cache.CACHE_DIR}")
     return 0
 

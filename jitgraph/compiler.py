@@ -1,16 +1,16 @@
 """Compiling what a graph uses, when it is used, on all cores.
 
 Each op's runner is compiled (or loaded from Numba's cache) the first time a
-program of that dtype contains the op, and each gradient rule the first time a
-backward pass meets the op (see native.py for the calling convention).  The
-results are C callbacks whose addresses fill one table per dtype (runners) and
-one for rules; the interpreter and the backward pass index them by opcode.
+program of that dtype contains the op (see native.py for the calling convention).
+The results are C callbacks whose addresses fill one table per dtype; the
+interpreter indexes it by opcode.  (Gradient rules are data, run by the backward
+pass itself: nothing is compiled per rule, see rules.py.)
 
-A compile *unit* is one runner or rule.  When several units are not in the
+A compile *unit* is one runner.  When several units are not in the
 on-disk cache yet, worker processes (``_boot.child_argv``: they import this very jitgraph) compile
 some of them while this process compiles others: each unit is claimed by
 creating a file (``O_EXCL``: exactly one process wins it), every process takes the
-first unclaimed unit in one order (``_order``: rules, then the longest kernels), and
+first unclaimed unit in one order (``_order``: the longest kernels first), and
 a finished unit leaves a marker in the cache folder.  Units
 that come while workers run (build_backward's, after build_forward's) are handed to
 them as a batch file in the claims folder rather than to a new process.
@@ -39,15 +39,12 @@ from . import _cache, registry
 from ._boot import child_argv
 from .threads import max_threads, single_threaded_blas
 
-SKIP = -1          # runner entry of an op without a kernel (leaves, views); rule entry of ZERO_GRAD
-MISSING = 0        # not compiled (runners) / no gradient rule (rules)
-
-RULE_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.CPointer(types.int64))
+SKIP = -1          # runner entry of an op without a kernel (leaves, views)
+MISSING = 0        # not compiled
 
 _lock = threading.RLock()
 _keep: dict = {}                 # (kind, code, dtype) -> the compiled CFunc (the tables hold raw addresses)
 _runner_tables: dict = {}        # dtype name -> int64 address table
-_rule_table: list = []           # [table] once made
 
 
 def runner_signature(dtype):
@@ -57,7 +54,7 @@ def runner_signature(dtype):
 
 
 def _compile(kind, op, dtype, sig):
-    fn = op.runner if kind == "run" else op.vjp
+    fn = op.runner
     with warnings.catch_warnings():
         # inlining vmath's functions trips a pedantic SSA check of Numba's (a warning that
         # asks for a bug report); the code is right -- the tests compare every op with numpy
@@ -80,13 +77,9 @@ def is_cached(kind: str, code: int, dtype: str) -> bool:
     return os.path.exists(os.path.join(DONE_DIR, unit_name(kind, code, dtype)))
 
 
-def _signature(kind, dtype):
-    return runner_signature(dtype) if kind == "run" else RULE_SIGNATURE
-
-
 def _compile_unit(kind, code, dtype):
     """Compile (or load) one unit and leave its marker; returns the callback's address."""
-    address = _compile(kind, registry.OPS[code], dtype, _signature(kind, dtype))
+    address = _compile(kind, registry.OPS[code], dtype, runner_signature(dtype))
     try:
         os.makedirs(DONE_DIR, exist_ok=True)
         open(os.path.join(DONE_DIR, unit_name(kind, code, dtype)), "w").close()
@@ -199,14 +192,10 @@ def _parse(words):
 
 def _order(units):
     """The order every process takes units in (each claims the first one not yet
-    claimed): the gradient rules (build_backward waits for them), then the kernels,
-    longest first, so the last to finish is a short one -- a unary op's runner (one or
-    two loops, ~0.4 s to compile) after the others (broadcast cases, layouts, tiles:
-    1-1.6 s)."""
-    def rank(unit):
-        kind, code, _ = unit
-        return (0,) if kind == "vjp" else (1, registry.OPS[code].family == "unary")
-    return sorted(dict.fromkeys(units), key=rank)
+    claimed): the kernels longest first, so the last to finish is a short one -- a unary
+    op's runner (one or two loops, ~0.4 s to compile) after the others (broadcast cases,
+    layouts, tiles: 1-1.6 s)."""
+    return sorted(dict.fromkeys(units), key=lambda unit: registry.OPS[unit[1]].family == "unary")
 
 
 def compile_units(units, what: str) -> list:
@@ -230,36 +219,32 @@ def compile_units(units, what: str) -> list:
     return [addresses[u] if u in addresses else _compile_unit(*u) for u in units]
 
 
-def _new_units(kind, dtype, codes):
-    table = _runner_tables.get(dtype) if kind == "run" else (_rule_table[0] if _rule_table else None)
+def _new_units(dtype, codes):
+    table = _runner_tables.get(dtype)
     present = np.flatnonzero(np.bincount(np.asarray(codes, np.int64), minlength=registry.n_codes()))
     out = []
     for code in present.tolist():
         op = registry.OPS.get(code)
         if op is None or (table is not None and code < table.size and table[code] != MISSING):
             continue
-        wanted = op.runner is not None if kind == "run" else callable(op.vjp)
-        if wanted and not is_cached(kind, code, dtype):
-            out.append((kind, code, dtype))
+        if op.runner is not None and not is_cached("run", code, dtype):
+            out.append(("run", code, dtype))
     return out
 
 
-def prefetch(dtype, codes, rules_too=False) -> None:
-    """Start compiling, in worker processes, the runners (and with ``rules_too`` the rules)
-    of the ops in ``codes`` that are not in the cache; returns at once.  The graph
-    passes call it as soon as they know what a program will run, so the kernels compile
-    while this process compiles and runs the passes."""
+def prefetch(dtype, codes) -> None:
+    """Start compiling, in worker processes, the runners of the ops in ``codes`` that are
+    not in the cache; returns at once.  The graph passes call it as soon as they know what
+    a program will run, so the kernels compile while this process compiles and runs the
+    passes."""
     if compile_workers(2) == 0:
         return
     name = np.dtype(dtype).name
-    kernels = _new_units("run", name, codes)
-    rules = _new_units("vjp", "", codes) if rules_too else []
-    if kernels or rules:
+    kernels = _new_units(name, codes)
+    if kernels:
         with _lock:
-            _spawn(kernels + rules)
-        what = [f"{len(kernels)} kernels for {name}"] if kernels else []
-        what += [f"{len(rules)} gradient rules"] if rules else []
-        notice(f"compiling {' and '.join(what)} in the background (first run only)...")
+            _spawn(kernels)
+        notice(f"compiling {len(kernels)} kernels for {name} in the background (first run only)...")
 
 
 def runners(dtype, codes):
@@ -280,24 +265,6 @@ def runners(dtype, codes):
         with _lock:
             units = [("run", code, dtype.name) for code in todo if table[code] == MISSING]
             for (_, code, _), address in zip(units, compile_units(units, f"kernels for {dtype.name}")):
-                table[code] = address
-    return table
-
-
-def rules(codes):
-    """The gradient-rule table with the rule of every op in ``codes`` compiled."""
-    if not _rule_table or _rule_table[0].size < registry.n_codes():
-        table = np.full(registry.n_codes(), MISSING, np.int64)
-        for op in registry.OPS.values():
-            if op.vjp is registry.ZERO_GRAD:
-                table[op.code] = SKIP
-        _rule_table[:] = [table]
-    table = _rule_table[0]
-    todo = [int(c) for c in np.unique(codes) if table[c] == MISSING and callable(registry.OPS[int(c)].vjp)]
-    if todo:
-        with _lock:
-            units = [("vjp", code, "") for code in todo if table[code] == MISSING]
-            for (_, code, _), address in zip(units, compile_units(units, "gradient rules")):
                 table[code] = address
     return table
 

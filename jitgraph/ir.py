@@ -30,7 +30,7 @@ import numpy as np
 
 MAX_SRC = 4
 MAX_DIMS = 4
-N_IP = 8          # enough for a convolution's stride, padding, dilation and groups
+N_IP = 10         # enough for a convolution's dilation, groups, mode, padding, stride and contracted length
 N_FP = 2
 
 # node flags

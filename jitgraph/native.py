@@ -1,9 +1,8 @@
-"""The native calling convention between the engine and the ops' code.
+"""The native calling convention between the engine and the ops' kernels.
 
-An op's runner (its kernel) and its gradient rule are compiled one op at a time,
-on first use (``compiler.py``), as C callbacks (``numba.cfunc``), and the
-interpreter and the backward pass call them through a table of their addresses
-indexed by opcode.  So a graph that uses five ops compiles five runners, not all
+An op's runner (its kernel) is compiled one op at a time, on first use
+(``compiler.py``), as a C callback (``numba.cfunc``), and the interpreter calls it
+through a table of their addresses indexed by opcode.  So a graph that uses five ops compiles five runners, not all
 of them -- and the call is cheaper than Numba's first-class functions (measured:
 ~15 ns a node against ~47 ns through a tuple of functions, and ~33 ns for the old
 if-chain that reference-counted every operand slice).
@@ -19,14 +18,8 @@ A runner: ``status = run(n, lo, hi, ctx, mem, store)``
 * ``mem``   the run buffer ``[arena | io]`` and ``store`` the graph's value
             store, as pointers to the graph's float dtype.
 
-A gradient rule: ``contribution = vjp(n, k, g, ctx)`` -- the gradient node that
-node n's gradient g sends to its source slot k, or NO_CONTRIBUTION / NO_RULE;
-``ctx`` holds the node table's array addresses and the pass's [count, capacity]
-state (``RULE_*``), since a rule appends nodes.
-
-Runners and rules rebuild typed arrays over those addresses with :func:`run_view`
-and :func:`rule_view` (no allocation, no reference counting) and then read like
-any Numba code.
+Runners rebuild typed arrays over those addresses with :func:`run_view` (no
+allocation, no reference counting) and then read like any Numba code.
 """
 from typing import NamedTuple
 
@@ -36,7 +29,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .ir import MAX_DIMS, MAX_SRC, N_FP, N_IP, Nodes, LOC_STORE
+from .ir import MAX_DIMS, MAX_SRC, N_FP, N_IP, LOC_STORE
 
 # ---- raw addresses ----------------------------------------------------------------------------
 
@@ -87,12 +80,6 @@ def call_blocks(typingctx, address, fn, n, extent, per_block, ctx, mem, store):
     """``blocks(fn, n, extent, per_block, ctx, mem, store)`` through the block runner at
     ``address`` (interpreter.block_runner)."""
     return types.int64(address, fn, n, extent, per_block, ctx, mem, store), _call_address
-
-
-@intrinsic
-def call_rule(typingctx, address, n, k, g, ctx):
-    """``vjp(n, k, g, ctx)`` through the rule at ``address``."""
-    return types.int64(address, n, k, g, ctx), _call_address
 
 
 def _gemm_codegen(int_bits):
@@ -243,43 +230,3 @@ def operand(v, n, k):
     if v.loc[s] == LOC_STORE:
         return v.store[o:o + numel(v.shape, s)]
     return v.mem[o:o + numel(v.shape, s)]
-
-
-# ---- the rules' context ------------------------------------------------------------------------
-
-RULE_ROWS, RULE_STATE = 0, 10      # 1..9: the addresses of the Nodes fields, in order
-RULE_CTX = 11
-
-
-@njit(cache=True)
-def rule_context(G, st):
-    ctx = np.empty(RULE_CTX, np.int64)
-    ctx[RULE_ROWS] = G.op.size
-    ctx[1] = address_of(G.op)
-    ctx[2] = address_of(G.src)
-    ctx[3] = address_of(G.ndim)
-    ctx[4] = address_of(G.shape)
-    ctx[5] = address_of(G.ip)
-    ctx[6] = address_of(G.fp)
-    ctx[7] = address_of(G.flags)
-    ctx[8] = address_of(G.origin)
-    ctx[9] = address_of(G.rule)
-    ctx[RULE_STATE] = address_of(st)
-    return ctx
-
-
-@njit(cache=True, inline="always")
-def rule_view(ctx_p):
-    """(G, st) over a rule's raw context: the node table and the pass's [count, capacity]."""
-    ctx = carray(ctx_p, RULE_CTX)
-    rows = ctx[RULE_ROWS]
-    G = Nodes(carray(pointer(ctx[1], np.int64), rows),
-              carray(pointer(ctx[2], np.int64), (rows, MAX_SRC)),
-              carray(pointer(ctx[3], np.int64), rows),
-              carray(pointer(ctx[4], np.int64), (rows, MAX_DIMS)),
-              carray(pointer(ctx[5], np.int64), (rows, N_IP)),
-              carray(pointer(ctx[6], np.float64), (rows, N_FP)),
-              carray(pointer(ctx[7], np.int64), rows),
-              carray(pointer(ctx[8], np.int64), rows),
-              carray(pointer(ctx[9], np.int64), rows))
-    return G, carray(pointer(ctx[RULE_STATE], np.int64), 2)

@@ -417,7 +417,7 @@ def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = Tru
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
     # a first run's kernels (and, with params, gradient rules) start compiling in other processes now
-    compiler.prefetch(g.dtype, g.nodes.op[:g.nodes.n], rules_too=bool(g.params))
+    compiler.prefetch(g.dtype, g.nodes.op[:g.nodes.n])
     order = execution_order(g, [t.id for t in outs], "build_forward")
     for t in outs:
         g.nodes.flags[t.id] |= F_OUTPUT

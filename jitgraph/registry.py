@@ -17,9 +17,12 @@ Everything else -- the public exports (``EXPORTS``: ``jitgraph.relu`` ...), cost
 tables, viz labels, the names in saved files -- is read from this table.
 """
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Callable, Optional
 
 import numpy as np
+
+from .ir import MAX_SRC, N_FP, N_IP
 
 # what the memory planner needs to know about an op's output
 LEAF = "leaf"                # data supplied from outside (input, param, const)
@@ -57,6 +60,41 @@ NO_GRAD = _Sentinel("NO_GRAD")       # no gradient rule: a gradient flowing thro
 ZERO_GRAD = _Sentinel("ZERO_GRAD")   # piecewise constant: contributes nothing to its sources
 
 
+# ---- the code table: every op's code, by family --------------------------------------------------
+# Append-only: a code is never renumbered or reused (tests/test_registry.py pins every one); a new
+# op takes the next free code (NEXT_CODE) here.  71, 72, 77 and 78 were skipped and stay unused.
+NOP, INPUT, PARAM, CONST = 0, 1, 2, 3                                  # leaves (Graph.input/param/const)
+ADD, SUB, MUL, DIV, AFFINE, WHERE = 4, 5, 6, 7, 9, 47                  # ops/binary.py
+NEG, SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20
+STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD, LEAKY_RELU, RELU_D = 21, 22, 23, 24, 25, 26, 48, 88   # ops/unary.py
+SIN, COS, POW, CLIP, CLIP_MASK = 56, 57, 58, 59, 60                    # ops/elementary.py
+MAXIMUM, MINIMUM, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL = 61, 62, 63, 64, 65, 66, 67   # ops/compare.py
+SUM, MEAN, MAX, BROADCAST, MAX_MASK, ARGMAX = 27, 28, 29, 30, 31, 68   # ops/reduce.py
+RESHAPE, TRANSPOSE, CONCAT, SLICE, PAD = 32, 33, 34, 35, 36            # ops/shape.py
+MATMUL = 37                                                            # ops/linear.py
+SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY, SOFTMAX_D, LOG_SOFTMAX_D = 38, 39, 40, 49, 50            # ops/softmaxes.py
+CROSS_ENTROPY_D, CROSS_ENTROPY_INDEX, CROSS_ENTROPY_INDEX_D = 53, 54, 55
+LAYER_NORM, RMS_NORM, NORM_RSTD, LAYER_NORM_D, RMS_NORM_D, LAYER_NORM_AFFINE = 41, 42, 43, 51, 52, 87   # ops/norm.py
+DROPOUT = 44                                                           # ops/stochastic.py
+EMBEDDING, SCATTER_ADD = 45, 46                                        # ops/gather.py
+ATTENTION, ATTENTION_D = 69, 70                                        # ops/attention.py
+BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76   # ops/batchnorm.py
+CONV2D, CONV2D_WEIGHT = 79, 80                                         # ops/conv.py
+IM2COL, COL2IM = 81, 82                                                # ops/windows.py
+MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
+NEXT_CODE = 89
+
+
+def _names(params: Any, what: str) -> tuple:
+    """The slot names of a parameter declaration (an IntEnum of slots), '' for unused slots."""
+    if params is None:
+        return ()
+    slots = {int(m): m.name for m in params}
+    if min(slots) < 0:
+        raise ValueError(f"{what}: negative parameter slot")
+    return tuple(slots.get(i, "") for i in range(max(slots) + 1))
+
+
 @dataclass(frozen=True)
 class Op:
     code: int
@@ -73,10 +111,19 @@ class Op:
     label: str                    # how pictures and tables name it
     split: str                    # how threads share a big node (SPLITS)
     blas: bool = False            # its runner calls the BLAS (runs then hold the BLAS to one thread)
+    sources: tuple = ()           # the names its rule gives its sources
+    ip_names: tuple = ()          # its int parameters by slot (G.ip[n, slot]); '' for an unused slot
+    fp_names: tuple = ()          # its float parameters by slot (G.fp[n, slot])
 
     @property
     def differentiable(self) -> bool:
         return self.vjp is not NO_GRAD
+
+    def params(self, ip: Any, fp: Any) -> dict:
+        """{name: value} of a node's parameters (its ip and fp rows)."""
+        out = {name: int(ip[i]) for i, name in enumerate(self.ip_names) if name}
+        out.update({name: float(fp[i]) for i, name in enumerate(self.fp_names) if name})
+        return out
 
 
 OPS: dict = {}          # code -> Op
@@ -84,12 +131,26 @@ BY_NAME: dict = {}      # name -> Op
 EXPORTS: dict = {}      # public name -> builder: what ``jitgraph.<name>`` is (see ``export``)
 
 
+DEFAULT_SOURCES = {1: ("x",), 2: ("a", "b"), 3: ("a", "b", "c"), 4: ("a", "b", "c", "d"), -1: ("x0", "x1", "x2", "x3")}
+
+
 def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           runner: Optional[Callable[..., Any]] = None, vjp: Any = NO_GRAD, *, arity: int,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
           label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None,
-          blas: bool = False) -> int:
-    """Declare an op; returns its code.  See the module docstring."""
+          blas: bool = False, sources: Optional[tuple] = None, ip: Any = None, fp: Any = None) -> int:
+    """Declare an op; returns its code.  See the module docstring.  ``sources`` names the
+    sources for its rule; ``ip`` / ``fp`` are IntEnums naming its int / float parameter
+    slots, read by name everywhere (``v.ip[n, SoftmaxIP.axis]``)."""
+    ip_names, fp_names = _names(ip, name), _names(fp, name)
+    if len(ip_names) > N_IP or len(fp_names) > N_FP:
+        raise ValueError(f"op {name!r}: more parameter slots than a node has ({N_IP} int, {N_FP} float)")
+    if flops == DOT and (len(ip_names) <= DOT_K or ip_names[DOT_K] != "contracted"):
+        raise ValueError(f"op {name!r}: a contraction names ip slot {DOT_K} 'contracted' (the cost model reads it)")
+    if sources is None:
+        sources = DEFAULT_SOURCES.get(arity, ())
+    if len(sources) > MAX_SRC:
+        raise ValueError(f"op {name!r}: more than {MAX_SRC} sources")
     if code in OPS:
         raise ValueError(f"opcode {code} of {name!r} is already taken by {OPS[code].name!r}")
     if name in BY_NAME:
@@ -106,12 +167,21 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         owner = builder or runner
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
-                   public and builder is not None, label or name, split, blas)
+                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names)
     BY_NAME[name] = OPS[code]
     if builder is not None and OPS[code].public:
         export(builder)
     _tables.clear()
     return code
+
+
+def slots(params: Any, **values: Any) -> tuple:
+    """A node's parameter row from values by name, in the slot order of ``params`` (an op's
+    IntEnum declaration): what builders hand to ``Graph._node(ip=..., fp=...)``."""
+    row = [0] * (max(int(m) for m in params) + 1)
+    for name, value in values.items():
+        row[int(params[name])] = value
+    return tuple(row)
 
 
 def export(builder: Callable[..., Any]) -> Callable[..., Any]:
@@ -152,8 +222,12 @@ def public_ops() -> list:
     return sorted(op.name for op in OPS.values() if op.public)
 
 
-# the leaves: codes 0-3, made by Graph.input / param / const
-NOP = defop(0, "nop", arity=0, kind=LEAF, cost=FREE, flops=0, family="leaf")   # never a valid node
-INPUT = defop(1, "input", arity=0, kind=LEAF, cost=FREE, flops=0, vjp=ZERO_GRAD, family="leaf")
-PARAM = defop(2, "param", arity=0, kind=LEAF, cost=FREE, flops=0, vjp=ZERO_GRAD, family="leaf")
-CONST = defop(3, "const", arity=0, kind=LEAF, cost=FREE, flops=0, vjp=ZERO_GRAD, family="leaf")
+class LeafIP(IntEnum):
+    offset = 0               # params and consts: where the value starts in the graph's value store
+
+
+# the leaves, made by Graph.input / param / const
+defop(NOP, "nop", arity=0, kind=LEAF, cost=FREE, flops=0, family="leaf")   # never a valid node
+defop(INPUT, "input", arity=0, kind=LEAF, cost=FREE, flops=0, vjp=ZERO_GRAD, family="leaf")
+defop(PARAM, "param", arity=0, kind=LEAF, cost=FREE, flops=0, vjp=ZERO_GRAD, family="leaf", ip=LeafIP)
+defop(CONST, "const", arity=0, kind=LEAF, cost=FREE, flops=0, vjp=ZERO_GRAD, family="leaf", ip=LeafIP)

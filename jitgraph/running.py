@@ -16,8 +16,8 @@ from numba import njit
 
 from .errors import GraphError
 from .ir import F_RECOMPUTED
-from .ops.batchnorm import BATCH_STATS
-from .registry import CONST
+from .ops.batchnorm import BatchStatsIP, MomentumFP
+from .registry import BATCH_STATS, CONST, LeafIP
 
 
 def statistics_nodes(nodes: Any, order: np.ndarray) -> np.ndarray:
@@ -56,26 +56,28 @@ class RunningStats:
 
     def __init__(self, graph: Any, ids: np.ndarray, off: np.ndarray) -> None:
         nodes = graph.nodes
-        rm, rv = nodes.ip[ids, 0], nodes.ip[ids, 1]
-        C = nodes.ip[ids, 3]
+        rm, rv = nodes.ip[ids, BatchStatsIP.running_mean], nodes.ip[ids, BatchStatsIP.running_var]
+        C = nodes.ip[ids, BatchStatsIP.channels]
+        at = nodes.ip[:, LeafIP.offset]                   # where a const's value is in the store
         n = nodes.n
         ok = (rm >= 0) & (rv >= 0) & (rm < n) & (rv < n) & (rm != rv)
         rm_, rv_ = np.where(ok, rm, 0), np.where(ok, rv, 0)
         numel = nodes.shape.prod(axis=1)
-        ends = np.maximum(nodes.ip[rm_, 0], nodes.ip[rv_, 0]) + C
+        ends = np.maximum(at[rm_], at[rv_]) + C
         x = nodes.src[ids, 0]
         M = numel[x] // np.maximum(C, 1)
-        momentum = nodes.fp[ids, 0]
+        momentum = nodes.fp[ids, MomentumFP.momentum]
         ok &= (nodes.op[rm_] == CONST) & (nodes.op[rv_] == CONST) & (numel[rm_] == C) & (numel[rv_] == C)
         ok &= (numel[ids] == 2 * C) & (C >= 1) & (M >= 2) & (momentum >= 0) & (momentum <= 1)
-        ok &= (nodes.ip[rm_, 0] >= 0) & (nodes.ip[rv_, 0] >= 0) & (ends <= graph.store_used)
+        ok &= (at[rm_] >= 0) & (at[rv_] >= 0) & (ends <= graph.store_used)
         if not ok.all():
             bad = int(ids[np.flatnonzero(~ok)[0]])
             raise GraphError(f"batch_stats {graph.label(bad)!r}: its running statistics are not two distinct "
-                             f"consts of its {int(nodes.ip[bad, 3])} channels, or its momentum is not in [0, 1]")
+                             f"consts of its {int(nodes.ip[bad, BatchStatsIP.channels])} channels, or its momentum is "
+                             "not in [0, 1]")
         self.at = np.ascontiguousarray(off[ids], np.int64)
-        self.mean_at = np.ascontiguousarray(nodes.ip[rm, 0], np.int64)
-        self.var_at = np.ascontiguousarray(nodes.ip[rv, 0], np.int64)
+        self.mean_at = np.ascontiguousarray(at[rm], np.int64)
+        self.var_at = np.ascontiguousarray(at[rv], np.int64)
         self.C = np.ascontiguousarray(C, np.int64)
         self.momentum = np.ascontiguousarray(momentum, np.float64)
         self.unbias = M / (M - 1.0)
@@ -85,7 +87,8 @@ class RunningStats:
         """The update of a program with this order and plan, or None (no training
         batch_norm with running statistics)."""
         ids = statistics_nodes(graph.nodes, order)
-        ids = ids[(graph.nodes.ip[ids, 0] >= 0) | (graph.nodes.ip[ids, 1] >= 0)]
+        ids = ids[(graph.nodes.ip[ids, BatchStatsIP.running_mean] >= 0) |
+                  (graph.nodes.ip[ids, BatchStatsIP.running_var] >= 0)]
         return RunningStats(graph, ids, off) if ids.size else None
 
     def apply(self, mem: np.ndarray, store: np.ndarray) -> None:

@@ -4,7 +4,7 @@ A first run compiles what it uses, as it uses it (compiler.py).  For CI images,
 Docker builds and cluster nodes it is better to pay that once, in parallel, when
 the image is made: ``warmup`` compiles the graph passes (by building, running,
 differentiating and checkpointing a small model) and the runner of every op for
-each requested dtype plus every gradient rule, spread over all cores.
+each requested dtype, spread over all cores (gradient rules are data: nothing to compile).
 """
 import os
 import time
@@ -65,15 +65,13 @@ def _passes(dtype: str) -> None:
 
 
 def units(dtypes: Iterable[str]) -> list:
-    """Every op's runner for each dtype, then every gradient rule."""
-    out = [("run", op.code, dt) for dt in dtypes for op in registry.OPS.values() if op.runner is not None]
-    out += [("vjp", op.code, "") for op in registry.OPS.values() if callable(op.vjp)]
-    return out
+    """Every op's runner for each dtype."""
+    return [("run", op.code, dt) for dt in dtypes for op in registry.OPS.values() if op.runner is not None]
 
 
 def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[str, float]:
     """Compile the graph passes and every op for ``dtypes`` into the cache, on all
-    cores; returns {"functions": runners and rules compiled, "seconds": wall time}."""
+    cores; returns {"functions": runners compiled, "seconds": wall time}."""
     for dt in dtypes:
         if dt not in DTYPES:
             raise ValueError(f"warmup: dtype {dt!r} is not one of {', '.join(DTYPES)}")

@@ -75,17 +75,16 @@ def test_read_only_package_folder_falls_back_to_a_user_cache(tmp_path, monkeypat
     assert _cache.cache_root() == str(tmp_path / "user" / "jitgraph")
 
 
-def test_every_process_takes_rules_first_then_the_longest_kernels():
-    """One order for all (each claims the first unit not yet claimed): the rules
-    build_backward waits for, then kernels, a unary op's short compile after the others,
-    so the last unit to finish is a short one; a unit given twice is taken once."""
+def test_every_process_takes_the_longest_kernels_first():
+    """One order for all (each claims the first unit not yet claimed): a unary op's short
+    compile after the others, so the last unit to finish is a short one; a unit given
+    twice is taken once."""
     code = {name: registry.BY_NAME[name].code for name in ("relu", "add", "sum", "matmul", "relu_d")}
-    units = [("run", code["relu"], "float32"), ("run", code["add"], "float32"), ("vjp", code["matmul"], ""),
-             ("run", code["relu_d"], "float32"), ("run", code["sum"], "float32"), ("vjp", code["relu"], ""),
-             ("run", code["add"], "float32")]
-    assert compiler._order(units) == [("vjp", code["matmul"], ""), ("vjp", code["relu"], ""),
-                                      ("run", code["add"], "float32"), ("run", code["sum"], "float32"),
-                                      ("run", code["relu"], "float32"), ("run", code["relu_d"], "float32")]
+    units = [("run", code["relu"], "float32"), ("run", code["add"], "float32"), ("run", code["matmul"], "float32"),
+             ("run", code["relu_d"], "float32"), ("run", code["sum"], "float32"), ("run", code["add"], "float32")]
+    assert compiler._order(units) == [("run", code["add"], "float32"), ("run", code["matmul"], "float32"),
+                                      ("run", code["sum"], "float32"), ("run", code["relu"], "float32"),
+                                      ("run", code["relu_d"], "float32")]
 
 
 def test_a_unit_is_claimed_once(tmp_path):
@@ -155,7 +154,7 @@ def test_warmup_fills_every_unit_of_a_dtype():
 
 def test_warmup_command_line(capsys):
     assert cli_main(["warmup", "--no-progress"]) == 0
-    assert "kernels and rules compiled for float32" in capsys.readouterr().out
+    assert "kernels compiled for float32" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli_main(["warmup", "--dtype", "float16"])
     with pytest.raises(ValueError, match="float16"):
@@ -164,7 +163,7 @@ def test_warmup_command_line(capsys):
 
 def test_prefetch_starts_workers_only_for_new_units(tmp_path, monkeypatch):
     """build_forward hands the graph's ops to prefetch: units in the cache start nothing,
-    new ones start a worker on the runners and (with rules_too) the rules."""
+    new ones start a worker on their runners."""
     for p in compiler._live():
         p.wait()
     started = []
@@ -172,14 +171,12 @@ def test_prefetch_starts_workers_only_for_new_units(tmp_path, monkeypatch):
     monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
     relu = registry.BY_NAME["relu"].code
     compiler.runners(np.float32, [relu])
-    compiler.rules([relu])
-    compiler.prefetch(np.float32, [relu, relu], rules_too=True)
+    compiler.prefetch(np.float32, [relu, relu])
     assert started == []                               # compiled in this process already
     monkeypatch.setattr(compiler, "DONE_DIR", str(tmp_path / "compiled"))
     monkeypatch.setattr(compiler, "_runner_tables", {})
-    monkeypatch.setattr(compiler, "_rule_table", [])
-    compiler.prefetch(np.float32, [relu, relu], rules_too=True)
-    assert started == [([("run", relu, "float32"), ("vjp", relu, "")], 1)]
+    compiler.prefetch(np.float32, [relu, relu])
+    assert started == [([("run", relu, "float32")], 1)]
     monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "0")
     compiler.prefetch(np.float64, [relu])
     assert len(started) == 1                           # no workers wanted: nothing starts
@@ -257,7 +254,7 @@ def test_running_workers_get_new_units_as_a_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(compiler, "_live", lambda: [object()])         # one worker is busy
     monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
     relu, neg = registry.BY_NAME["relu"].code, registry.BY_NAME["neg"].code
-    first, second = [("run", relu, "float32")], [("run", neg, "float32"), ("vjp", neg, "")]
+    first, second = [("run", relu, "float32")], [("run", neg, "float32"), ("run", relu, "float64")]
     compiler._spawn(first)
     compiler._spawn(second)
     assert started == []                                               # no second process
@@ -272,7 +269,7 @@ def test_a_worker_compiles_the_batches_that_come_then_exits_when_idle(tmp_path, 
     the batches in the claims folder, and returns once none has come for WORKER_IDLE_S."""
     monkeypatch.setattr(compiler, "WORKER_IDLE_S", 0.2)
     neg, absolute = registry.BY_NAME["neg"].code, registry.BY_NAME["abs"].code
-    batch = [("run", absolute, "float64"), ("vjp", neg, "")]
+    batch = [("run", absolute, "float64"), ("run", neg, "float32")]
     compiler._add_batch(str(tmp_path), batch)
     start = time.monotonic()
     assert compiler.worker([str(tmp_path), f"run:{neg}:float64"]) == 0

@@ -2,9 +2,9 @@
 its gradient one node, and neither ever holds a (Tq, Tk) score matrix.
 
 Shapes: q (..., Tq, d), k and v (..., Tk, d), the same leading axes (B, H) on all three; the
-kernels see B * H heads of row-major (T, d) matrices.  Params: ip[0] causal, ip[1] query rows
-per block (BR), ip[2] keys per block (KB), ip[DOT_K] the cost model's contracted length;
-fp[0] the scale.  The block sizes are fixed when the node is built (module constants), so a
+kernels see B * H heads of row-major (T, d) matrices.  Params (AttentionIP, AttentionFP):
+causal, block_rows (BR, query rows per block), block_keys (KB, keys per block), contracted (the
+cost model's contracted length); scale.  The block sizes are fixed when the node is built (module constants), so a
 result depends on the shapes only -- never on the thread count.
 
 A block's scores live in a KB x BR scratch, allocated once per runner call: transposed, a key
@@ -38,32 +38,37 @@ FlashAttention-2's.  Longer key ranges compute the scores and exps once more per
 """
 import math
 import numbers
+from enum import IntEnum
 from typing import Optional
 
 import numpy as np
 from numba import njit
 
-from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..ir import F_GRAD
 from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, data_pointer, gemm, gemm64,
-                      operand, output, rule_view, run_view, span)
-from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
+                      operand, output, run_view, span)
+from ..registry import ATTENTION, ATTENTION_D, COMPUTE, CUSTOM, DOT, DOT_K, defop, slots
+from ..rules import either, op
 from ..status import OK
 from .. import vmath
 from ..vmath import in_dtype_of
-from .binary import MUL
-from .reduce import SUM, row_reduce
-from .shape import CONCAT, SLICE, axis_node
+from .reduce import rowsum
 
 
-ATTENTION, ATTENTION_D = 69, 70
+class AttentionIP(IntEnum):      # attention and attention_d
+    causal = 0
+    block_rows = 1               # query rows per block (BR)
+    block_keys = 2               # keys per block (KB)
+    contracted = DOT_K           # the cost model's contracted length
+
+
+class AttentionFP(IntEnum):
+    scale = 0
 
 BLOCK_ROWS = 128         # query rows per block (the forward's unit of work)
 BLOCK_ROWS_CAUSAL = 64   # causal: fewer wasted scores above the diagonal (B, H, T, d = 8, 6, 128, 32: 14% faster)
 BLOCK_KEYS = 2048        # keys per block; the scores' scratch is BLOCK_KEYS x BLOCK_ROWS (T = 2048: 12% over 1024)
-SEARCH = 16              # how far back a rule looks for the gradient node an earlier slot made
 
 
 # ---- building ------------------------------------------------------------------------------------
@@ -95,7 +100,7 @@ def _params(causal: bool, contracted: int) -> tuple:
     if not isinstance(causal, (bool, np.bool_)):
         raise GraphError(f"attention: causal must be True or False, got {causal!r}")
     rows = BLOCK_ROWS_CAUSAL if causal else BLOCK_ROWS
-    return (int(causal), rows, BLOCK_KEYS) + (0,) * (DOT_K - 3) + (contracted,)
+    return slots(AttentionIP, causal=int(causal), block_rows=rows, block_keys=BLOCK_KEYS, contracted=contracted)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None) -> Tensor:
@@ -108,7 +113,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     s = _scale(scale, q.shape[-1], "attention")
     tk = k.shape[-2]
     return q.graph._node(ATTENTION, (q.id, k.id, v.id), q.shape, ip=_params(causal, tk if causal else 2 * tk),
-                         fp=(s,))
+                         fp=slots(AttentionFP, scale=s))
 
 
 # ---- the kernels' pieces -------------------------------------------------------------------------
@@ -257,7 +262,7 @@ def _run_attention(n, lo, hi, ctx, mem, store):
     sq = v.shape[v.src[n, 0]]
     heads = sq[0] * sq[1]
     Tq = sq[2]
-    BR = v.ip[n, 1]
+    BR = v.ip[n, AttentionIP.block_rows]
     units = heads * ((Tq + BR - 1) // BR)
     if lo < 0:
         v.ctx[RUN_EXTENT] = units
@@ -265,56 +270,31 @@ def _run_attention(n, lo, hi, ctx, mem, store):
     lo, hi = span(lo, hi, units)
     fn, ilp64 = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0
     status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq,
-                               v.shape[v.src[n, 1], 2], sq[3], v.fp[n, 0], v.ip[n, 0], BR, v.ip[n, 2],
-                               lo, hi, fn, ilp64)
+                               v.shape[v.src[n, 1], 2], sq[3], v.fp[n, AttentionFP.scale], v.ip[n, AttentionIP.causal],
+                               BR, v.ip[n, AttentionIP.block_keys], lo, hi, fn, ilp64)
     return status
 
 
 @njit(cache=True)
 def _d_contracted(Tq, Tk, causal):
-    """ip[DOT_K] of attention_d: its ~5 (2.5 causal) Tq Tk d multiply-adds per packed element."""
+    """The contracted length of attention_d: its ~5 (2.5 causal) Tq Tk d multiply-adds per packed element."""
     return max(1, (5 * Tq * Tk) // ((2 if causal else 1) * (Tq + 2 * Tk)))
 
 
-@njit(cache=True)
-def _packed_gradient(G, st, n, k, g):
-    """The slice of attention node n's packed gradient node for source slot k.  The packed
-    node (and gd = [g | rowsum(g * out)]) is made by the first slot's rule and found again
-    by the later ones: they run one after another, a few nodes apart."""
-    q = G.src[n, 0]
-    kk = G.src[n, 1]
-    Tq = G.shape[q, 2]
-    Tk = G.shape[kk, 2]
-    packed = -1
-    for m in range(st[0] - 1, max(st[0] - SEARCH, 0) - 1, -1):
-        if G.op[m] == ATTENTION_D and G.origin[m] == n and G.src[G.src[m, 3], 0] == g:
-            packed = m
-            break
-    if packed < 0:
-        dots = row_reduce(G, st, SUM, grad_node(G, st, MUL, g, n, n, n, k), n, 3, n, k)
-        gd = grad_node(G, st, CONCAT, g, dots, n, n, k)
-        G.shape[gd, 3] = G.shape[n, 3] + 1
-        G.ip[gd, 0] = 3
-        packed = new_node(G, st, ATTENTION_D, q, kk, q, F_GRAD, n, k)
-        G.src[packed, 2] = G.src[n, 2]
-        G.src[packed, 3] = gd
-        G.shape[packed, 2] = Tq + 2 * Tk
-        G.ip[packed, 0] = G.ip[n, 0]
-        G.ip[packed, 1] = G.ip[n, 1]
-        G.ip[packed, 2] = G.ip[n, 2]
-        G.ip[packed, DOT_K] = _d_contracted(Tq, Tk, G.ip[n, 0])
-        G.fp[packed, 0] = G.fp[n, 0]
-    start = 0 if k == 0 else (Tq if k == 1 else Tq + Tk)
-    return axis_node(G, st, SLICE, packed, G.src[n, k], 2, start, n, k)
+def _attention_vjp(g, q, k, v, out, causal, block_rows, block_keys, scale):
+    """One attention_d node computes [dq; dk; dv] packed along T from q, k, v and
+    gd = [dO | rowsum(dO * O)]; each source's gradient is its slice."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    gd = op.concat(g, rowsum(g * out, out, 3), like=out, dims={3: out.shape[3] + 1}, axis=3)
+    work = (5 * Tq * Tk) // (either(causal, 2, 1) * (Tq + 2 * Tk))          # _d_contracted, as scalars
+    packed = op.attention_d(q, k, v, gd, like=q, dims={2: Tq + 2 * Tk}, causal=causal, block_rows=block_rows,
+                            block_keys=block_keys, contracted=either(work > 1, work, 1), scale=scale)
+    return (op.slice(packed, like=q, axis=2, start=0), op.slice(packed, like=k, axis=2, start=Tq),
+            op.slice(packed, like=v, axis=2, start=Tq + Tk))
 
 
-def _vjp_attention(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return _packed_gradient(G, st, n, k, g)
-
-
-defop(ATTENTION, "attention", attention, _run_attention, _vjp_attention, arity=3, cost=COMPUTE, flops=DOT,
-      split=CUSTOM, blas=True)
+defop(ATTENTION, "attention", attention, _run_attention, _attention_vjp, arity=3, cost=COMPUTE, flops=DOT,
+      split=CUSTOM, blas=True, sources=("q", "k", "v"), ip=AttentionIP, fp=AttentionFP)
 
 
 # ---- backward ------------------------------------------------------------------------------------
@@ -331,7 +311,7 @@ def attention_d(q: Tensor, k: Tensor, v: Tensor, gd: Tensor, causal: bool = Fals
     tq, tk = q.shape[-2], k.shape[-2]
     shape = q.shape[:-2] + (tq + 2 * tk, q.shape[-1])
     return q.graph._node(ATTENTION_D, (q.id, k.id, v.id, gd.id), shape,
-                         ip=_params(causal, int(_d_contracted(tq, tk, int(causal)))), fp=(s,))
+                         ip=_params(causal, int(_d_contracted(tq, tk, int(causal)))), fp=slots(AttentionFP, scale=s))
 
 
 @njit(cache=True, error_model="numpy")
@@ -398,10 +378,11 @@ def _run_attention_d(n, lo, hi, ctx, mem, store):
     lo, hi = span(lo, hi, heads)
     fn, ilp64 = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0
     status = attention_backward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2),
-                                operand(v, n, 3), sq[2], v.shape[v.src[n, 1], 2], sq[3], v.fp[n, 0], v.ip[n, 0],
-                                v.ip[n, 1], v.ip[n, 2], lo, hi, fn, ilp64)
+                                operand(v, n, 3), sq[2], v.shape[v.src[n, 1], 2], sq[3], v.fp[n, AttentionFP.scale],
+                                v.ip[n, AttentionIP.causal], v.ip[n, AttentionIP.block_rows],
+                                v.ip[n, AttentionIP.block_keys], lo, hi, fn, ilp64)
     return status
 
 
 defop(ATTENTION_D, "attention_d", attention_d, _run_attention_d, arity=4, cost=COMPUTE, flops=DOT, split=CUSTOM,
-      public=False, blas=True)
+      public=False, blas=True, sources=("q", "k", "v", "gd"), ip=AttentionIP, fp=AttentionFP)

@@ -2,16 +2,17 @@
 statistics that recomputation cannot update twice.
 
 Kernels see x as (N, C, S), S the product of the spatial dims; a channel's statistics
-run over M = N * S values.  ip[3] = C and ip[4] = S on every node of the family.
+run over M = N * S values.  Every node of the family has C and S in its ``channels`` and
+``spatial`` parameters (the same slots in every op's declaration).
 
-* ``batch_stats(x)`` -> (2, C): the batch mean and biased variance.  ip[0], ip[1]: the
-  running mean and variance consts it updates (-1: none); fp[0]: the momentum.
+* ``batch_stats(x)`` -> (2, C): the batch mean and biased variance.  running_mean,
+  running_var: the node ids of the consts it updates (-1: none); momentum.
 * ``batch_norm(x, stats, [weight], [bias])`` -> ``(x - mean) w rstd + b``, rstd =
-  1 / sqrt(var + eps) (fp[0] = eps); ip[0], ip[1]: has weight, has bias; ip[2]: training.
+  1 / sqrt(var + eps); has_weight, has_bias, training.
   ``stats`` is ``batch_stats(x)`` in training, a concat of the running consts in evaluation.
 * ``batch_norm_sums(g, x, stats)`` -> (4, C): mean, var, sum(g xhat) (the weight's
   gradient) and sum(g) (the bias's), xhat = (x - mean) rstd.
-* ``batch_norm_dx``: ip[2] = 1, ``(g, x, sums, [w])`` -> training's three-term gradient
+* ``batch_norm_dx``: mode 1, ``(g, x, sums, [w])`` -> training's three-term gradient
   ``w rstd (g - mean(g) - xhat mean(g xhat))``; 0, ``(g, stats, [w])`` -> g w rstd
   (evaluation); 2, ``(g, x, stats)`` -> batch_stats' own gradient.
 
@@ -38,19 +39,58 @@ from typing import Any, Optional
 import numpy as np
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64, on_first_use
-from ..emit import grad_node
+from enum import IntEnum
+
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import RUN_EXTENT, operand, output, rule_view, run_view, same_data, span
-from ..registry import COMPUTE, CUSTOM, ELEMENTWISE, NO_GRAD, defop
-from ..status import NO_CONTRIBUTION, OK
+from ..native import RUN_EXTENT, operand, output, run_view, same_data, span
+from ..registry import (BATCH_NORM, BATCH_NORM_DX, BATCH_NORM_SUMS, BATCH_STATS, COMPUTE, CUSTOM, ELEMENTWISE, NO_GRAD,
+                        defop, slots)
+from ..rules import either, op
+from ..status import OK
 from ..vmath import in_dtype_of, sum8
 from .common import need_tensor
-from .shape import SLICE, axis_node, concat, reshape
+from .shape import concat, reshape
+
+CHANNELS, SPATIAL = 3, 4          # every op of the family: (C, S) in these int slots
 
 
-BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76
+class BatchStatsIP(IntEnum):
+    running_mean = 0              # node ids of the consts it updates (-1: none)
+    running_var = 1
+    channels = CHANNELS
+    spatial = SPATIAL
+
+
+class BatchNormIP(IntEnum):
+    has_weight = 0
+    has_bias = 1
+    training = 2
+    channels = CHANNELS
+    spatial = SPATIAL
+
+
+class SumsIP(IntEnum):            # batch_norm_sums
+    channels = CHANNELS
+    spatial = SPATIAL
+
+
+class DxIP(IntEnum):              # batch_norm_dx
+    has_weight = 0
+    mode = 2                      # EVALUATION, TRAINING or STATS_GRADIENT
+    channels = CHANNELS
+    spatial = SPATIAL
+
+
+class EpsFP(IntEnum):             # batch_norm, batch_norm_sums, batch_norm_dx
+    eps = 0
+
+
+class MomentumFP(IntEnum):        # batch_stats
+    momentum = 0
+
+
+EVALUATION, TRAINING, STATS_GRADIENT = 0, 1, 2    # batch_norm_dx's modes
 
 
 # ---- builders ---------------------------------------------------------------------------------------
@@ -87,7 +127,9 @@ def batch_stats(x: Tensor, running_mean: Optional[Tensor] = None, running_var: O
     C, S = _layout(x, "batch_stats")
     rm = running_mean.id if running_mean is not None else -1
     rv = running_var.id if running_var is not None else -1
-    return x.graph._node(BATCH_STATS, (x.id,), (2, C), ip=(rm, rv, 0, C, S), fp=(momentum,))
+    return x.graph._node(BATCH_STATS, (x.id,), (2, C), ip=slots(BatchStatsIP, running_mean=rm, running_var=rv,
+                                                                  channels=C, spatial=S),
+                         fp=slots(MomentumFP, momentum=momentum))
 
 
 def batch_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
@@ -135,8 +177,10 @@ def batch_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     else:
         stats = concat([reshape(rm, (1, C)), reshape(rv, (1, C))], axis=0)
     srcs = [x.id, stats.id] + [t.id for t in (w, b) if t is not None]
-    return x.graph._node(BATCH_NORM, tuple(srcs), x.shape, ip=(int(w is not None), int(b is not None),
-                                                               int(bool(training)), C, S), fp=(eps,))
+    return x.graph._node(BATCH_NORM, tuple(srcs), x.shape, ip=slots(BatchNormIP, has_weight=int(w is not None),
+                                                                     has_bias=int(b is not None),
+                                                                     training=int(bool(training)), channels=C, spatial=S),
+                         fp=slots(EpsFP, eps=eps))
 
 
 def batch_norm_sums(g: Tensor, x: Tensor, stats: Tensor, eps: float = 1e-5) -> Tensor:
@@ -147,8 +191,8 @@ def batch_norm_sums(g: Tensor, x: Tensor, stats: Tensor, eps: float = 1e-5) -> T
     if g.shape != x.shape or stats.shape != (2, C):
         raise GraphError(f"batch_norm_sums: {g.label!r} {g.shape}, {x.label!r} {x.shape} and {stats.label!r} "
                          f"{stats.shape} must be g and x of one shape and (2, C)")
-    return x.graph._node(BATCH_NORM_SUMS, (g.id, x.id, stats.id), (4, C), ip=(0, 0, 0, C, S),
-                         fp=(_number(eps, "batch_norm_sums", "eps", 0.0, math.inf),))
+    return x.graph._node(BATCH_NORM_SUMS, (g.id, x.id, stats.id), (4, C), ip=slots(SumsIP, channels=C, spatial=S),
+                         fp=slots(EpsFP, eps=_number(eps, "batch_norm_sums", "eps", 0.0, math.inf)))
 
 
 def batch_norm_dx(g: Tensor, x: Tensor, p: Tensor, weight: Optional[Tensor] = None, training: bool = True,
@@ -162,8 +206,10 @@ def batch_norm_dx(g: Tensor, x: Tensor, p: Tensor, weight: Optional[Tensor] = No
         raise GraphError(f"batch_norm_dx: {g.label!r} {g.shape}, {x.label!r} {x.shape} and {p.label!r} {p.shape} "
                          f"must be g and x of one shape and ({4 if training else 2}, C)")
     srcs = [g.id] + ([x.id] if training else []) + [p.id] + ([w.id] if w is not None else [])
-    return x.graph._node(BATCH_NORM_DX, tuple(srcs), x.shape, ip=(int(w is not None), 0, int(bool(training)), C, S),
-                         fp=(_number(eps, "batch_norm_dx", "eps", 0.0, math.inf),))
+    return x.graph._node(BATCH_NORM_DX, tuple(srcs), x.shape,
+                         ip=slots(DxIP, has_weight=int(w is not None), mode=TRAINING if training else EVALUATION,
+                                  channels=C, spatial=S),
+                         fp=slots(EpsFP, eps=_number(eps, "batch_norm_dx", "eps", 0.0, math.inf)))
 
 
 # ---- kernels ----------------------------------------------------------------------------------------
@@ -370,15 +416,15 @@ def _elementwise(v, n, lo, hi, out, u, x, p, w, b, has_w, has_b, mode):
     """The runner of batch_norm and batch_norm_dx (split CUSTOM): units are planes (rows
     when S = 1).  When the planner made the output overwrite a per-channel source (an
     equal element count: M = 2 or 4), one call does all, coefficients first."""
-    C = v.ip[n, 3]
-    S = v.ip[n, 4]
+    C = v.ip[n, CHANNELS]
+    S = v.ip[n, SPATIAL]
     units = out.size // (C if S == 1 else S)
     one = same_data(out, p) or (has_w and same_data(out, w)) or (has_b and same_data(out, b))
     if lo < 0:
         v.ctx[RUN_EXTENT] = 1 if one else units
         return OK
     lo, hi = (0, units) if one else span(lo, hi, units)
-    co = coefficients(out, p, w, b, has_w, has_b, C, out.size // C, v.fp[n, 0], mode)
+    co = coefficients(out, p, w, b, has_w, has_b, C, out.size // C, v.fp[n, EpsFP.eps], mode)
     return channel_pass(out, u, x, co, C, S, mode == 1, lo, hi)
 
 
@@ -386,7 +432,7 @@ def _elementwise(v, n, lo, hi, out, u, x, p, w, b, has_w, has_b, mode):
 @njit(cache=True, error_model="numpy", inline="always")
 def _by_channel(v, n, lo, hi):
     """(lo, hi) of a reduction whose units are channels, or -1 after reporting them."""
-    C = v.ip[n, 3]
+    C = v.ip[n, CHANNELS]
     if lo < 0:
         v.ctx[RUN_EXTENT] = C
         return -1, -1
@@ -398,28 +444,21 @@ def _run_batch_stats(n, lo, hi, ctx, mem, store):
     lo, hi = _by_channel(v, n, lo, hi)
     if lo < 0:
         return OK
-    return stats_kernel(output(v, n), operand(v, n, 0), v.ip[n, 3], v.ip[n, 4], lo, hi)
+    return stats_kernel(output(v, n), operand(v, n, 0), v.ip[n, CHANNELS], v.ip[n, SPATIAL], lo, hi)
 
 
-def _vjp_batch_stats(n, k, g, ctx):             # batch_norm_dx of kind 2: sources (g, x, the statistics)
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    t = grad_node(G, st, BATCH_NORM_DX, g, x, x, n, k)
-    G.src[t, 2] = n
-    G.ip[t, 2] = 2
-    G.ip[t, 3] = G.ip[n, 3]
-    G.ip[t, 4] = G.ip[n, 4]
-    return t
+def _batch_stats_vjp(g, x, out, channels, spatial):      # batch_norm_dx of mode STATS_GRADIENT: (g, x, stats)
+    return op.batch_norm_dx(g, x, out, like=x, mode=STATS_GRADIENT, channels=channels, spatial=spatial)
 
 
-defop(BATCH_STATS, "batch_stats", batch_stats, _run_batch_stats, _vjp_batch_stats, arity=1, cost=COMPUTE, flops=3,
-      split=CUSTOM, public=False)
+defop(BATCH_STATS, "batch_stats", batch_stats, _run_batch_stats, _batch_stats_vjp, arity=1, cost=COMPUTE, flops=3,
+      split=CUSTOM, public=False, ip=BatchStatsIP, fp=MomentumFP)
 
 
 def _run_batch_norm(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    has_w = v.ip[n, 0] != 0
-    has_b = v.ip[n, 1] != 0
+    has_w = v.ip[n, BatchNormIP.has_weight] != 0
+    has_b = v.ip[n, BatchNormIP.has_bias] != 0
     x = operand(v, n, 0)
     p = operand(v, n, 1)
     w = operand(v, n, 2) if has_w else p
@@ -427,61 +466,20 @@ def _run_batch_norm(n, lo, hi, ctx, mem, store):
     return _elementwise(v, n, lo, hi, output(v, n), x, x, p, w, b, has_w, has_b, 0)
 
 
-@on_first_use(i64(G_T, ST, i64, i64, i64))
-def _sums_for(G, st, n, k, g):
-    """The batch_norm_sums node for forward node n's gradient g: the one the rule of an
-    earlier slot of n made a few nodes ago, or a new one."""
-    for t in range(st[0] - 1, max(st[0] - 16, 0) - 1, -1):
-        if G.op[t] == BATCH_NORM_SUMS and G.origin[t] == n and G.src[t, 0] == g:
-            return t
-    p = G.src[n, 1]
-    t = grad_node(G, st, BATCH_NORM_SUMS, g, G.src[n, 0], p, n, k)
-    G.src[t, 2] = p
-    G.shape[t, 2] = 4
-    G.ip[t, 3] = G.ip[n, 3]
-    G.ip[t, 4] = G.ip[n, 4]
-    G.fp[t, 0] = G.fp[n, 0]
-    return t
+def _batch_norm_vjp(g, x, stats, p2, p3, has_weight, training, channels, spatial, eps):
+    """x: batch_norm_dx, the whole gradient (through the batch statistics in training);
+    the statistics: none, it is in x's; weight and bias (p2, p3: whichever are given, in
+    that order): rows 2 (sum g xhat) and 3 (sum g) of the one batch_norm_sums node."""
+    sums = op.batch_norm_sums(g, x, stats, like=stats, dims={2: 4}, channels=channels, spatial=spatial, eps=eps)
+    weight = either(has_weight, p2, None)
+    params = dict(like=x, has_weight=has_weight, mode=training, channels=channels, spatial=spatial, eps=eps)
+    dx = either(training, op.batch_norm_dx(g, x, sums, weight, **params), op.batch_norm_dx(g, stats, weight, **params))
+    return (dx, None, op.slice(sums, like=p2, axis=2, start=either(has_weight, 2, 3)),
+            op.slice(sums, like=p3, axis=2, start=3))
 
 
-@njit(cache=True)
-def batch_norm_vjp(G, st, n, k, g):
-    """Slot 0 (x): batch_norm_dx, the whole gradient (through the batch statistics in
-    training); slot 1 (the statistics): none, it is in slot 0's; weight and bias: rows
-    2 and 3 of the batch_norm_sums node."""
-    if k == 1:
-        return NO_CONTRIBUTION
-    has_w = G.ip[n, 0]
-    if k == 0:
-        x = G.src[n, 0]
-        training = G.ip[n, 2]
-        if training:
-            q = _sums_for(G, st, n, k, g)
-            t = grad_node(G, st, BATCH_NORM_DX, g, x, x, n, k)
-            G.src[t, 2] = q
-            if has_w:
-                G.src[t, 3] = G.src[n, 2]
-        else:
-            t = grad_node(G, st, BATCH_NORM_DX, g, G.src[n, 1], x, n, k)
-            if has_w:
-                G.src[t, 2] = G.src[n, 2]
-        G.ip[t, 0] = has_w
-        G.ip[t, 2] = training
-        G.ip[t, 3] = G.ip[n, 3]
-        G.ip[t, 4] = G.ip[n, 4]
-        G.fp[t, 0] = G.fp[n, 0]
-        return t
-    q = _sums_for(G, st, n, k, g)
-    return axis_node(G, st, SLICE, q, G.src[n, k], 2, 2 if k == 2 and has_w else 3, n, k)
-
-
-def _vjp_batch_norm(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return batch_norm_vjp(G, st, n, k, g)
-
-
-defop(BATCH_NORM, "batch_norm", batch_norm, _run_batch_norm, _vjp_batch_norm, arity=-1, kind=ELEMENTWISE,
-      flops=3, split=CUSTOM)
+defop(BATCH_NORM, "batch_norm", batch_norm, _run_batch_norm, _batch_norm_vjp, arity=-1, kind=ELEMENTWISE,
+      flops=3, split=CUSTOM, sources=("x", "stats", "p2", "p3"), ip=BatchNormIP, fp=EpsFP)
 
 
 def _run_batch_norm_sums(n, lo, hi, ctx, mem, store):
@@ -489,23 +487,23 @@ def _run_batch_norm_sums(n, lo, hi, ctx, mem, store):
     lo, hi = _by_channel(v, n, lo, hi)
     if lo < 0:
         return OK
-    return sums_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), v.ip[n, 3], v.ip[n, 4],
-                       v.fp[n, 0], lo, hi)
+    return sums_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), v.ip[n, CHANNELS],
+                       v.ip[n, SPATIAL], v.fp[n, EpsFP.eps], lo, hi)
 
 
 defop(BATCH_NORM_SUMS, "batch_norm_sums", batch_norm_sums, _run_batch_norm_sums, NO_GRAD, arity=3, cost=COMPUTE,
-      flops=4, split=CUSTOM, public=False)
+      flops=4, split=CUSTOM, public=False, sources=("g", "x", "stats"), ip=SumsIP, fp=EpsFP)
 
 
 def _run_batch_norm_dx(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    has_w = v.ip[n, 0] != 0
+    has_w = v.ip[n, DxIP.has_weight] != 0
     g = operand(v, n, 0)
-    if v.ip[n, 2] == 2:                          # batch_stats' gradient: (g (2, C), x, statistics)
+    if v.ip[n, DxIP.mode] == STATS_GRADIENT:     # batch_stats' gradient: (g (2, C), x, statistics)
         x = operand(v, n, 1)
         p = operand(v, n, 2)
         return _elementwise(v, n, lo, hi, output(v, n), x, x, p, p, g, False, True, 3)
-    if v.ip[n, 2] != 0:                          # training: (g, x, sums, [w])
+    if v.ip[n, DxIP.mode] == TRAINING:           # training: (g, x, sums, [w])
         x = operand(v, n, 1)
         p = operand(v, n, 2)
         w = operand(v, n, 3) if has_w else p
@@ -516,4 +514,4 @@ def _run_batch_norm_dx(n, lo, hi, ctx, mem, store):
 
 
 defop(BATCH_NORM_DX, "batch_norm_dx", batch_norm_dx, _run_batch_norm_dx, NO_GRAD, arity=-1, kind=ELEMENTWISE,
-      flops=5, split=CUSTOM, public=False)
+      flops=5, split=CUSTOM, public=False, ip=DxIP, fp=EpsFP)

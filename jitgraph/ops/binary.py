@@ -9,19 +9,21 @@ hands it to :func:`binary`, which broadcasts node n's two sources to n's shape
 import numpy as np
 from numba import njit
 
-from .._sigs import G as G_T, ST, f64, i64, on_first_use
-from ..emit import grad_node, grad_node_fp
+from enum import IntEnum
+
 from ..errors import GraphError
 from ..graph import Operand, Tensor
-from ..native import operand, output, rule_view, run_view, same_data, span
-from ..registry import ELEMENTWISE, defop, export
-from ..status import NO_CONTRIBUTION, OK
+from ..native import operand, output, run_view, same_data, span
+from ..registry import ADD, AFFINE, DIV, ELEMENTWISE, MUL, SUB, WHERE, defop, export, slots
+from ..rules import either, op
+from ..status import OK
 from ..vmath import in_dtype_of
 from .common import as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 
 
-ADD, SUB, MUL, DIV, AFFINE = 4, 5, 6, 7, 9
-WHERE = 47
+class AffineFP(IntEnum):
+    scale = 0                # out = scale * x + shift
+    shift = 1
 
 
 # ---- the family's calling convention ------------------------------------------------------------
@@ -147,8 +149,8 @@ def binary(v, n, f, lo, hi):
     return OK
 
 
-# Rules give a contribution in n's (broadcast) shape; the backward pass sums it
-# down to the source's shape, once, for every rule.
+# Rules give a contribution in n's (broadcast) shape; the backward pass sums it down to the
+# source's shape, once, for every rule (see rules.py).
 
 # ---- add ------------------------------------------------------------------------------------------
 def add(a: Operand, b: Operand) -> Tensor:
@@ -165,11 +167,8 @@ def _run_add(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _add, lo, hi)
 
 
-def _vjp_add(n, k, g, ctx):                    # d(x+y) = dx + dy
-    return g
-
-
-defop(ADD, "add", add, _run_add, _vjp_add, arity=2, kind=ELEMENTWISE)
+defop(ADD, "add", add, _run_add, arity=2, kind=ELEMENTWISE,
+      vjp=lambda g, a, b: (g, g))
 
 
 # ---- sub ------------------------------------------------------------------------------------------
@@ -187,14 +186,8 @@ def _run_sub(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _sub, lo, hi)
 
 
-def _vjp_sub(n, k, g, ctx):                    # g, -g
-    if k == 0:
-        return g
-    G, st = rule_view(ctx)
-    return grad_node_fp(G, st, AFFINE, g, -1.0, 0.0, n, k)
-
-
-defop(SUB, "sub", sub, _run_sub, _vjp_sub, arity=2, kind=ELEMENTWISE)
+defop(SUB, "sub", sub, _run_sub, arity=2, kind=ELEMENTWISE,
+      vjp=lambda g, a, b: (g, -1.0 * g))
 
 
 # ---- mul ------------------------------------------------------------------------------------------
@@ -212,12 +205,8 @@ def _run_mul(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _mul, lo, hi)
 
 
-def _vjp_mul(n, k, g, ctx):                    # g*y, g*x
-    G, st = rule_view(ctx)
-    return grad_node(G, st, MUL, g, G.src[n, 1 - k], n, n, k)
-
-
-defop(MUL, "mul", mul, _run_mul, _vjp_mul, arity=2, kind=ELEMENTWISE)
+defop(MUL, "mul", mul, _run_mul, arity=2, kind=ELEMENTWISE,
+      vjp=lambda g, a, b: (g * b, g * a))
 
 
 # ---- div ------------------------------------------------------------------------------------------
@@ -235,24 +224,15 @@ def _run_div(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _div, lo, hi)
 
 
-def _vjp_div(n, k, g, ctx):                    # g/y, -g*out/y
-    G, st = rule_view(ctx)
-    y = G.src[n, 1]
-    if k == 0:
-        return grad_node(G, st, DIV, g, y, n, n, k)
-    t = grad_node(G, st, MUL, g, n, n, n, k)
-    t = grad_node(G, st, DIV, t, y, n, n, k)
-    return grad_node_fp(G, st, AFFINE, t, -1.0, 0.0, n, k)
-
-
-defop(DIV, "div", div, _run_div, _vjp_div, arity=2, kind=ELEMENTWISE)
+defop(DIV, "div", div, _run_div, arity=2, kind=ELEMENTWISE,
+      vjp=lambda g, a, b, out: (g / b, -1.0 * (g * out / b)))
 
 
 # ---- affine: a*x + b ----------------------------------------------------------------------------
 def affine(t: Tensor, a: float, b: float) -> Tensor:
     """a * t + b for Python numbers a, b (what ``t * 2.0 + 1.0``-style expressions become)."""
     t = need_tensor(t, "affine")
-    return t.graph._node(AFFINE, (t.id,), t.shape, fp=(float(a), float(b)))
+    return t.graph._node(AFFINE, (t.id,), t.shape, fp=slots(AffineFP, scale=float(a), shift=float(b)))
 
 
 @export
@@ -270,16 +250,17 @@ def _affine_loop(v, n, lo, hi):
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                            # slices from 0: see _run
     x = operand(v, n, 0)[lo:hi]
-    a = in_dtype_of(out, v.fp[n, 0])          # in the graph's dtype, as numpy's x * 2.0 is
-    b = in_dtype_of(out, v.fp[n, 1])
+    a = in_dtype_of(out, v.fp[n, AffineFP.scale])     # in the graph's dtype, as numpy's x * 2.0 is
+    b = in_dtype_of(out, v.fp[n, AffineFP.shift])
+    pure = v.fp[n, AffineFP.shift] == 0.0             # a pure scale: keep -0.0 as numpy's x * a does
     if same_data(y, x):                       # in place: one array (see _run)
-        if v.fp[n, 1] == 0.0:                 # a pure scale: keep -0.0 as numpy's x * a does
+        if pure:
             for i in range(y.size):
                 y[i] = y[i] * a
         else:
             for i in range(y.size):
                 y[i] = y[i] * a + b
-    elif v.fp[n, 1] == 0.0:
+    elif pure:
         for i in range(y.size):
             y[i] = x[i] * a
     else:
@@ -292,19 +273,8 @@ def _run_affine(n, lo, hi, ctx, mem, store):
     return _affine_loop(run_view(ctx, mem, store), n, lo, hi)
 
 
-@on_first_use(i64(G_T, ST, i64, f64, i64, i64))
-def scaled(G, st, a, s, n, k):
-    """A gradient node s * a."""
-    return grad_node_fp(G, st, AFFINE, a, s, 0.0, n, k)
-
-
-def _vjp_affine(n, k, g, ctx):                 # a*g (x + c passes g through)
-    G, st = rule_view(ctx)
-    a = G.fp[n, 0]
-    return g if a == 1.0 else grad_node_fp(G, st, AFFINE, g, a, 0.0, n, k)
-
-
-defop(AFFINE, "affine", affine, _run_affine, _vjp_affine, arity=1, kind=ELEMENTWISE, public=False)
+defop(AFFINE, "affine", affine, _run_affine, arity=1, kind=ELEMENTWISE, public=False, fp=AffineFP,
+      vjp=lambda g, scale: either(scale == 1.0, g, scale * g))      # x + c passes g through
 
 
 # ---- where: a where cond else b -----------------------------------------------------------------
@@ -354,14 +324,5 @@ def _run_where(n, lo, hi, ctx, mem, store):
     return _where(run_view(ctx, mem, store), n, lo, hi)
 
 
-def _vjp_where(n, k, g, ctx):                  # g where chosen, 0 elsewhere; the mask gets nothing
-    if k == 0:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    zero = grad_node_fp(G, st, AFFINE, g, 0.0, 0.0, n, k)
-    t = grad_node(G, st, WHERE, G.src[n, 0], g if k == 1 else zero, n, n, k)
-    G.src[t, 2] = zero if k == 1 else g
-    return t
-
-
-defop(WHERE, "where", where, _run_where, _vjp_where, arity=3, kind=ELEMENTWISE)
+defop(WHERE, "where", where, _run_where, arity=3, kind=ELEMENTWISE, sources=("cond", "a", "b"),
+      vjp=lambda g, cond: (None, op.where(cond, g, 0.0 * g), op.where(cond, 0.0 * g, g)))   # the mask gets nothing

@@ -8,21 +8,13 @@ are the keys of feed dicts).  A mask's gradient is zero: the ops are piecewise c
 """
 from numba import njit
 
-from ..emit import grad_node
 from ..graph import Operand, Tensor
-from ..native import rule_view, run_view
-from ..registry import ELEMENTWISE, ZERO_GRAD, defop
+from ..native import run_view
+from ..registry import (ELEMENTWISE, EQUAL, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, MAXIMUM, MINIMUM, ZERO_GRAD,
+                        defop)
+from ..rules import op
 from ..vmath import like
-from .binary import MUL, _binary, binary
-
-
-MAXIMUM, MINIMUM, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL = range(61, 68)
-
-
-@njit(cache=True)
-def _masked(G, st, g, mask_op, n, k):
-    """g * mask_op(a, b): the gradient reaches the operand that was chosen."""
-    return grad_node(G, st, MUL, g, grad_node(G, st, mask_op, G.src[n, 0], G.src[n, 1], n, n, k), n, n, k)
+from .binary import _binary, binary
 
 
 # ---- maximum and minimum ----------------------------------------------------------------------------
@@ -41,12 +33,8 @@ def _run_maximum(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _maximum, lo, hi)
 
 
-def _vjp_maximum(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return _masked(G, st, g, GREATER_EQUAL if k == 0 else LESS, n, k)
-
-
-defop(MAXIMUM, "maximum", maximum, _run_maximum, _vjp_maximum, arity=2, kind=ELEMENTWISE)
+defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE,
+      vjp=lambda g, a, b: (g * op.greater_equal(a, b), g * op.less(a, b)))      # to the chosen one; ties to a
 
 
 def minimum(a: Operand, b: Operand) -> Tensor:
@@ -64,12 +52,8 @@ def _run_minimum(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _minimum, lo, hi)
 
 
-def _vjp_minimum(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return _masked(G, st, g, LESS_EQUAL if k == 0 else GREATER, n, k)
-
-
-defop(MINIMUM, "minimum", minimum, _run_minimum, _vjp_minimum, arity=2, kind=ELEMENTWISE)
+defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE,
+      vjp=lambda g, a, b: (g * op.less_equal(a, b), g * op.greater(a, b)))
 
 
 # ---- comparisons: 0/1 masks -------------------------------------------------------------------------

@@ -41,26 +41,44 @@ from typing import Any
 
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64, on_first_use
-from ..emit import grad_node, new_node
+from enum import IntEnum
+
 from ..errors import GraphError
 from ..graph import Tensor
-from ..ir import F_GRAD
-from ..native import RUN_EXTENT, data_pointer, operand, output, rule_view, run_view, span
-from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop, export
+from ..native import RUN_EXTENT, data_pointer, operand, output, run_view, span
+from ..registry import COMPUTE, CONV2D, CONV2D_WEIGHT, CUSTOM, DOT, DOT_K, IM2COL, defop, export, slots
+from ..rules import Sym, either, op
 from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, dot_tile, fma_tile
-from ..status import ERR_BAD_NODE, NO_CONTRIBUTION, OK
+from ..status import ERR_BAD_NODE, OK
 from .common import need_tensor
-from .shape import RESHAPE, reshape
-from .windows import COL2IM, IM2COL, Pair, int_pair, im2col, out_size, pad_node, windows_node
+from .shape import reshape
+from .windows import Pair, int_pair, im2col, out_size, pad
+
+FWD, FLIP = 0, 1                     # mode: the weights as stored, or flipped and transposed (an input gradient)
+DIRECT, WINDOWS, PHASES = 0, 1, 2    # conv2d's source: what source 2 is (x or padded x, windows, phases)
 
 
-CONV2D, CONV2D_WEIGHT = 79, 80
-FWD, FLIP = 0, 1          # ip[3]: the weights as stored, or flipped and transposed (an input gradient)
-DIRECT, WINDOWS, PHASES = 0, 1, 2    # conv2d ip[6]: what source 2 is (x or padded x, windows, phases)
-# conv2d ip: 0 dh, 1 dw, 2 groups, 3 mode, 4-5 DIRECT: the padding source 2 adds to source 0,
-#            PHASES: the stride; 6 what source 2 is; DOT_K the contracted length
-# conv2d_weight ip: 0 dh, 1 dw, 2 groups, 3 mode, 4-5 the stride of phases (0: none), DOT_K
+class ConvIP(IntEnum):               # conv2d
+    dilation_h = 0
+    dilation_w = 1
+    groups = 2
+    mode = 3                         # FWD or FLIP
+    pad_h = 4                        # DIRECT: the zero padding source 2 adds to source 0
+    pad_w = 5
+    source = 6                       # DIRECT, WINDOWS or PHASES
+    contracted = DOT_K
+    stride_h = 8                     # PHASES: the stride the phases split
+    stride_w = 9
+
+
+class ConvWeightIP(IntEnum):         # conv2d_weight
+    dilation_h = 0
+    dilation_w = 1
+    groups = 2
+    mode = 3
+    stride_h = 4                     # the stride of the phases it reads (1: none)
+    stride_w = 5
+    contracted = DOT_K
 CHUNK_BYTES = 1 << 21     # a weight gradient's images are taken in chunks of about this much input
 
 
@@ -103,17 +121,22 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
     wide = OW >= lanes(g)
     if s == (1, 1) and p[0] <= d[0] * (kh - 1) and p[1] <= d[1] * (kw - 1) and (wide or (kh, kw, *p) == (1, 1, 0, 0)):
         xp = x if p == (0, 0) else im2col(x, 1, 1, p)
-        return g._node(CONV2D, (x.id, w.id, xp.id), (N, C_out, OH, OW), ip=d + (groups, FWD) + p + (DIRECT, K))
+        return g._node(CONV2D, (x.id, w.id, xp.id), (N, C_out, OH, OW),
+                       ip=slots(ConvIP, dilation_h=d[0], dilation_w=d[1], groups=groups, mode=FWD, pad_h=p[0],
+                                pad_w=p[1], source=DIRECT, contracted=K))
     # phases fit when each holds exactly the rows and columns its taps reach; every phase is read
     # when the kernel is at least the stride (a 1x1 kernel reads one phase: its windows are smaller)
     fits = out_size(H, s[0], s[0], p[0], 1) == OH + (kh - 1) // s[0] and \
         out_size(W, s[1], s[1], p[1], 1) == OW + (kw - 1) // s[1]
     if d == (1, 1) and wide and kh >= s[0] and kw >= s[1] and fits:
         phases = im2col(x, s, s, p)
-        return g._node(CONV2D, (x.id, w.id, phases.id), (N, C_out, OH, OW), ip=(1, 1, groups, FWD) + s + (PHASES, K))
+        return g._node(CONV2D, (x.id, w.id, phases.id), (N, C_out, OH, OW),
+                       ip=slots(ConvIP, dilation_h=1, dilation_w=1, groups=groups, mode=FWD, source=PHASES,
+                                contracted=K, stride_h=s[0], stride_w=s[1]))
     cols = im2col(x, (kh, kw), s, p, d)
     wv = reshape(w, (C_out, K, 1, 1))
-    return g._node(CONV2D, (x.id, wv.id, cols.id), (N, C_out, OH, OW), ip=(1, 1, groups, FWD, 0, 0, WINDOWS, K))
+    return g._node(CONV2D, (x.id, wv.id, cols.id), (N, C_out, OH, OW),
+                   ip=slots(ConvIP, dilation_h=1, dilation_w=1, groups=groups, mode=FWD, source=WINDOWS, contracted=K))
 
 
 @export
@@ -233,8 +256,9 @@ def conv_tiles(v, n, lo, hi):
     xs, ws = v.src[n, 2], v.src[n, 1]
     N, Ci, kh, kw = v.shape[xs, 0], v.shape[xs, 1], v.shape[ws, 2], v.shape[ws, 3]
     Co = v.shape[n, 1]
-    dh, dw, groups, mode, kind = v.ip[n, 0], v.ip[n, 1], v.ip[n, 2], v.ip[n, 3], v.ip[n, 6]
-    sh, sw, Pi, Pj = _spans(kind, v.ip[n, 4], v.ip[n, 5], kh, kw, dh, dw)
+    dh, dw, groups = v.ip[n, ConvIP.dilation_h], v.ip[n, ConvIP.dilation_w], v.ip[n, ConvIP.groups]
+    mode, kind = v.ip[n, ConvIP.mode], v.ip[n, ConvIP.source]
+    sh, sw, Pi, Pj = _spans(kind, v.ip[n, ConvIP.stride_h], v.ip[n, ConvIP.stride_w], kh, kw, dh, dw)
     Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2], v.shape[xs, 3], v.shape[n, 2], v.shape[n, 3])
     S, T = sh * sw, kh * kw
     ti, tj = (kh - 1) // sh, (kw - 1) // sw               # the taps of the longest phase, less one
@@ -298,83 +322,43 @@ def _run_conv2d(n, lo, hi, ctx, mem, store):
     return conv_tiles(run_view(ctx, mem, store), n, lo, hi)
 
 
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64))
-def conv_node(G, st, a, w, xp, like, mode, dh, dw, groups, p4, p5, kind, n, k):
-    """conv2d(a, w) reading xp, shaped like ``like`` (p4, p5: padding or stride, by kind)."""
-    t = grad_node(G, st, CONV2D, a, w, like, n, k)
-    G.src[t, 2] = xp
-    G.ip[t, 0] = dh
-    G.ip[t, 1] = dw
-    G.ip[t, 2] = groups
-    G.ip[t, 3] = mode
-    G.ip[t, 4] = p4
-    G.ip[t, 5] = p5
-    G.ip[t, 6] = kind
-    phases = p4 * p5 if kind == PHASES else 1
-    G.ip[t, DOT_K] = G.shape[xp, 1] // groups * G.shape[w, 2] * G.shape[w, 3] // phases
-    return t
+def _conv(a: Sym, w: Sym, xp: Sym, like: Sym, mode, dilation, groups, source, pad_hw=(0, 0), stride=(0, 0),
+          dims=None) -> Sym:
+    """In a rule: conv2d(a, w) reading xp, shaped like ``like`` (dims changed)."""
+    phases = either(source == PHASES, stride[0] * stride[1], 1)
+    return op.conv2d(a, w, xp, like=like, dims=dims or {}, dilation_h=dilation[0], dilation_w=dilation[1],
+                     groups=groups, mode=mode, pad_h=pad_hw[0], pad_w=pad_hw[1], source=source, stride_h=stride[0],
+                     stride_w=stride[1], contracted=xp.shape[1] // groups * w.shape[2] * w.shape[3] // phases)
 
 
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64))
-def weight_node(G, st, g, xp, like, mode, dh, dw, groups, sh, sw, n):
-    t = grad_node(G, st, CONV2D_WEIGHT, g, xp, like, n, 1)
-    G.ip[t, 0] = dh
-    G.ip[t, 1] = dw
-    G.ip[t, 2] = groups
-    G.ip[t, 3] = mode
-    G.ip[t, 4] = sh
-    G.ip[t, 5] = sw
-    G.ip[t, DOT_K] = G.shape[g, 0] * G.shape[g, 2] * G.shape[g, 3]
-    return t
+def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h, stride_w):
+    """y = conv(x, w) reading xp: dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded
+    by d(k-1) - p; for phases, the phases' FLIP product, or, when they are x's phases, col2im of
+    the windows' gradient (the 1x1 FLIP product of g with w seen as (C_out, C_in/groups*kh*kw, 1, 1):
+    faster than each phase's own product, whose planes are one row and column wider than g); for
+    windows, col2im of the 1x1 FLIP product.  A FLIP node's own input gradient is the FWD
+    convolution of its gradient."""
+    kh, kw = w.shape[2], w.shape[3]
+    phases = source == PHASES
+    dw = op.conv2d_weight(g, xp, like=w, dilation_h=dilation_h, dilation_w=dilation_w, groups=groups, mode=mode,
+                          stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),
+                          contracted=g.shape[0] * g.shape[2] * g.shape[3])
+    windows = op.col2im(_conv(g, w, g, xp, FLIP, (1, 1), groups, DIRECT), like=x, params_from=xp)
+    flip_phases = _conv(g, w, g, x, FWD, (1, 1), groups, PHASES, stride=(stride_h, stride_w))
+    wv = op.reshape(w, like=w, dims={1: w.shape[1] * kh * kw, 2: 1, 3: 1})
+    product = _conv(g, wv, g, g, FLIP, (1, 1), groups, DIRECT, dims={1: wv.shape[1] * groups})
+    x_phases = op.col2im(product, like=x, params_from=xp, kernel_h=kh, kernel_w=kw)
+    phases_as_such = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), xp, FLIP, (1, 1), groups,
+                           PHASES, stride=(stride_h, stride_w))
+    qh, qw = dilation_h * (kh - 1) - pad_h, dilation_w * (kw - 1) - pad_w
+    direct = _conv(g, w, pad(g, qh, qw), x, 1 - mode, (dilation_h, dilation_w), groups, DIRECT, pad_hw=(qh, qw))
+    dx = either(source == WINDOWS, windows, either(
+        phases, either(mode == FLIP, flip_phases, either(x.id != xp.id, x_phases, phases_as_such)), direct))
+    return dx, dw, None
 
 
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64))
-def windows_grad(G, st, g, w, x, phases, groups, n, k):
-    """dx of a strided convolution over x's phases, through its windows: col2im of the 1x1
-    FLIP product of g with w seen as (C_out, C_in/groups*kh*kw, 1, 1).  Measured faster than
-    each phase's own FLIP product, whose planes are one row and column wider than g."""
-    kh, kw = G.shape[w, 2], G.shape[w, 3]
-    wv = new_node(G, st, RESHAPE, w, -1, w, F_GRAD, n, k)
-    G.shape[wv, 1] *= kh * kw
-    G.shape[wv, 2] = 1
-    G.shape[wv, 3] = 1
-    d = conv_node(G, st, g, wv, g, g, FLIP, 1, 1, groups, 0, 0, DIRECT, n, k)
-    G.shape[d, 1] = G.shape[wv, 1] * groups
-    t = windows_node(G, st, COL2IM, d, x, phases, n, k)
-    G.ip[t, 0] = kh                      # the phases' stride and padding, the kernel's size
-    G.ip[t, 1] = kw
-    return t
-
-
-def _vjp_conv2d(n, k, g, ctx):
-    """y = conv(x, w): dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded by
-    d(k-1) - p; for phases, the phases' FLIP (then col2im); for windows, col2im of the 1x1
-    FLIP product.  A FLIP node's own input gradient is the FWD convolution of its gradient."""
-    G, st = rule_view(ctx)
-    x, w, xp = G.src[n, 0], G.src[n, 1], G.src[n, 2]
-    dh, dw, groups, mode, kind = G.ip[n, 0], G.ip[n, 1], G.ip[n, 2], G.ip[n, 3], G.ip[n, 6]
-    sh, sw = (G.ip[n, 4], G.ip[n, 5]) if kind == PHASES else (1, 1)
-    if k == 2:
-        return NO_CONTRIBUTION
-    if k == 1:
-        return weight_node(G, st, g, xp, w, mode, dh, dw, groups, sh, sw, n)
-    if kind == WINDOWS:                                   # back onto the windows, then col2im
-        d = conv_node(G, st, g, w, g, xp, FLIP, 1, 1, groups, 0, 0, DIRECT, n, k)
-        return windows_node(G, st, COL2IM, d, x, xp, n, k)
-    if kind == PHASES:
-        if mode == FLIP:
-            return conv_node(G, st, g, w, g, x, FWD, 1, 1, groups, sh, sw, PHASES, n, k)
-        if x != xp:              # the phases of x: dx = col2im of the windows' gradient (as for windows)
-            return windows_grad(G, st, g, w, x, xp, groups, n, k)
-        Pi, Pj = (G.shape[w, 2] - 1) // sh, (G.shape[w, 3] - 1) // sw     # phases as such: their gradient
-        return conv_node(G, st, g, w, pad_node(G, st, g, Pi, Pj, n, k), xp, FLIP, 1, 1, groups, sh, sw, PHASES, n, k)
-    qh = dh * (G.shape[w, 2] - 1) - G.ip[n, 4]
-    qw = dw * (G.shape[w, 3] - 1) - G.ip[n, 5]
-    return conv_node(G, st, g, w, pad_node(G, st, g, qh, qw, n, k), x, 1 - mode, dh, dw, groups, qh, qw, DIRECT,
-                     n, k)
-
-
-defop(CONV2D, "conv2d", conv2d, _run_conv2d, _vjp_conv2d, arity=3, cost=COMPUTE, flops=DOT, split=CUSTOM)
+defop(CONV2D, "conv2d", conv2d, _run_conv2d, _conv2d_vjp, arity=3, cost=COMPUTE, flops=DOT, split=CUSTOM,
+      sources=("x", "w", "xp"), ip=ConvIP)
 
 
 # ---- conv2d_weight: the weight gradient ---------------------------------------------------------------
@@ -392,7 +376,8 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
                          f"with kernel {k}, dilation {d}, groups {groups}")
     rows, cols = (xp.shape[1], g.shape[1] // groups) if flip else (g.shape[1], xp.shape[1] // groups)
     return g.graph._node(CONV2D_WEIGHT, (g.id, xp.id), (rows, cols) + k,
-                         ip=d + (groups, FLIP if flip else FWD, 1, 1, 0, g.shape[0] * g.shape[2] * g.shape[3]))
+                         ip=slots(ConvWeightIP, dilation_h=d[0], dilation_w=d[1], groups=groups, mode=FLIP if flip else FWD,
+                                  stride_h=1, stride_w=1, contracted=g.shape[0] * g.shape[2] * g.shape[3]))
 
 
 D0, D1, D2 = dot_tile(4, 4, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES)
@@ -418,8 +403,9 @@ def weight_blocks(v, n, lo, hi):
     gs, xs = v.src[n, 0], v.src[n, 1]
     N, Ci, Cg = v.shape[xs, 0], v.shape[xs, 1], v.shape[gs, 1]
     kh, kw = v.shape[n, 2], v.shape[n, 3]
-    dh, dw, groups, mode = v.ip[n, 0], v.ip[n, 1], v.ip[n, 2], v.ip[n, 3]
-    sh, sw, Pi, Pj = _spans(PHASES if v.ip[n, 4] > 1 or v.ip[n, 5] > 1 else DIRECT, v.ip[n, 4], v.ip[n, 5], kh, kw,
+    dh, dw, groups = v.ip[n, ConvWeightIP.dilation_h], v.ip[n, ConvWeightIP.dilation_w], v.ip[n, ConvWeightIP.groups]
+    mode, sh, sw = v.ip[n, ConvWeightIP.mode], v.ip[n, ConvWeightIP.stride_h], v.ip[n, ConvWeightIP.stride_w]
+    sh, sw, Pi, Pj = _spans(PHASES if sh > 1 or sw > 1 else DIRECT, sh, sw, kh, kw,
                             dh, dw)
     Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2], v.shape[xs, 3], v.shape[gs, 2], v.shape[gs, 3])
     S, T = sh * sw, kh * kw
@@ -486,27 +472,25 @@ def _run_conv2d_weight(n, lo, hi, ctx, mem, store):
     return weight_blocks(run_view(ctx, mem, store), n, lo, hi)
 
 
-def _vjp_conv2d_weight(n, k, h, ctx):
+def _conv2d_weight_vjp(h, g, xp, out, dilation_h, dilation_w, groups, mode, stride_h, stride_w):
     """dw = W(g, xp), bilinear.  FWD: through g, the FWD convolution of xp with h; through xp,
     the FLIP convolution of g padded by the reach with h.  FLIP: through g, the FLIP
     convolution of xp with h; through xp, the FWD convolution of g padded by the reach."""
-    G, st = rule_view(ctx)
-    g, xp = G.src[n, 0], G.src[n, 1]
-    dh, dw, groups, mode, sh, sw = G.ip[n, 0], G.ip[n, 1], G.ip[n, 2], G.ip[n, 3], G.ip[n, 4], G.ip[n, 5]
-    kind = PHASES if sh > 1 or sw > 1 else DIRECT
-    kh, kw = G.shape[n, 2], G.shape[n, 3]
-    qh, qw = ((kh - 1) // sh, (kw - 1) // sw) if kind == PHASES else (dh * (kh - 1), dw * (kw - 1))
-    p4, p5 = (sh, sw) if kind == PHASES else (0, 0)
-    if k == 0:
-        if mode == FWD or kind == DIRECT:
-            return conv_node(G, st, xp, h, xp, g, mode, dh, dw, groups, p4, p5, kind, n, k)
-        x = G.src[xp, 0] if G.op[xp] == IM2COL else xp      # the FLIP's unpadded input
-        return conv_node(G, st, x, h, xp, g, FLIP, dh, dw, groups, p4, p5, kind, n, k)
-    gp = pad_node(G, st, g, qh, qw, n, k)
-    if kind == DIRECT:
-        return conv_node(G, st, g, h, gp, xp, 1 - mode, dh, dw, groups, qh, qw, kind, n, k)
-    return conv_node(G, st, gp if mode == FLIP else g, h, gp, xp, 1 - mode, dh, dw, groups, p4, p5, kind, n, k)
+    phases = (stride_h > 1) | (stride_w > 1)
+    source = either(phases, PHASES, DIRECT)
+    kh, kw = out.shape[2], out.shape[3]
+    qh = either(phases, (kh - 1) // stride_h, dilation_h * (kh - 1))
+    qw = either(phases, (kw - 1) // stride_w, dilation_w * (kw - 1))
+    stride, dilation = (either(phases, stride_h, 0), either(phases, stride_w, 0)), (dilation_h, dilation_w)
+    x = either(xp.opcode == IM2COL, xp.source(0), xp)                # the FLIP's unpadded input
+    dg = either((mode == FWD) | ~phases, _conv(xp, h, xp, g, mode, dilation, groups, source, stride=stride),
+                _conv(x, h, xp, g, FLIP, dilation, groups, source, stride=stride))
+    gp = pad(g, qh, qw)
+    dxp = either(phases, _conv(either(mode == FLIP, gp, g), h, gp, xp, 1 - mode, dilation, groups, PHASES,
+                               stride=stride),
+                 _conv(g, h, gp, xp, 1 - mode, dilation, groups, DIRECT, pad_hw=(qh, qw)))
+    return dg, dxp
 
 
-defop(CONV2D_WEIGHT, "conv2d_weight", conv2d_weight, _run_conv2d_weight, _vjp_conv2d_weight, arity=2, cost=COMPUTE,
-      flops=DOT, public=False, split=CUSTOM)
+defop(CONV2D_WEIGHT, "conv2d_weight", conv2d_weight, _run_conv2d_weight, _conv2d_weight_vjp, arity=2, cost=COMPUTE,
+      flops=DOT, public=False, split=CUSTOM, sources=("g", "xp"), ip=ConvWeightIP)

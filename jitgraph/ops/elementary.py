@@ -6,21 +6,27 @@ libm in the graph's dtype (no vectorized float32 forms: models spend little time
 import math
 from typing import Optional
 
+from enum import IntEnum
+
 from numba import njit
 
-from ..emit import grad_node, grad_node_fp
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import rule_view, run_view
-from ..registry import ELEMENTWISE, ZERO_GRAD, defop
-from ..status import NO_CONTRIBUTION
+from ..native import run_view
+from ..registry import CLIP, CLIP_MASK, COS, ELEMENTWISE, POW, SIN, ZERO_GRAD, defop, slots
+from ..rules import either, op
 from ..vmath import like
-from .binary import AFFINE, MUL, scaled
 from .common import is_scalar, need_tensor
 from .unary import _unary, unary
 
 
-SIN, COS, POW, CLIP, CLIP_MASK = 56, 57, 58, 59, 60
+class PowFP(IntEnum):
+    exponent = 0
+
+
+class ClipFP(IntEnum):          # clip and clip_mask
+    lo = 0
+    hi = 1
 
 
 # ---- sin and cos ----------------------------------------------------------------------------------
@@ -38,13 +44,8 @@ def _run_sin(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sin, lo, hi)
 
 
-def _vjp_sin(n, k, g, ctx):                    # g cos(x)
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    return grad_node(G, st, MUL, g, grad_node(G, st, COS, x, -1, x, n, k), n, n, k)
-
-
-defop(SIN, "sin", sin, _run_sin, _vjp_sin, arity=1, kind=ELEMENTWISE, flops=8)
+defop(SIN, "sin", sin, _run_sin, arity=1, kind=ELEMENTWISE, flops=8,
+      vjp=lambda g, x: g * op.cos(x))
 
 
 def cos(t: Tensor) -> Tensor:
@@ -61,13 +62,8 @@ def _run_cos(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _cos, lo, hi)
 
 
-def _vjp_cos(n, k, g, ctx):                    # -g sin(x)
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    return scaled(G, st, grad_node(G, st, MUL, g, grad_node(G, st, SIN, x, -1, x, n, k), n, n, k), -1.0, n, k)
-
-
-defop(COS, "cos", cos, _run_cos, _vjp_cos, arity=1, kind=ELEMENTWISE, flops=8)
+defop(COS, "cos", cos, _run_cos, arity=1, kind=ELEMENTWISE, flops=8,
+      vjp=lambda g, x: -1.0 * (g * op.sin(x)))
 
 
 # ---- pow ------------------------------------------------------------------------------------------
@@ -78,7 +74,7 @@ def pow(t: Tensor, exponent: float) -> Tensor:    # noqa: A001  -- jg.pow, as nu
     if not is_scalar(exponent):
         raise GraphError(f"pow of {t.label!r}: the exponent must be a real number, got {exponent!r} "
                          "(tensor exponents: jg.exp(b * jg.log(t)))")
-    return _unary(POW, "pow", t, (float(exponent),))
+    return _unary(POW, "pow", t, slots(PowFP, exponent=float(exponent)))
 
 
 @njit(cache=True, error_model="numpy")
@@ -92,20 +88,9 @@ def _run_pow(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _pow, lo, hi)
 
 
-def _vjp_pow(n, k, g, ctx):                    # g p x^(p-1); nothing for p = 0
-    G, st = rule_view(ctx)
-    p = G.fp[n, 0]
-    if p == 0.0:
-        return NO_CONTRIBUTION
-    if p == 1.0:
-        return g
-    x = G.src[n, 0]
-    d = grad_node_fp(G, st, AFFINE, x, 2.0, 0.0, n, k) if p == 2.0 else \
-        scaled(G, st, grad_node_fp(G, st, POW, x, p - 1.0, 0.0, n, k), p, n, k)
-    return grad_node(G, st, MUL, g, d, n, n, k)
-
-
-defop(POW, "pow", pow, _run_pow, _vjp_pow, arity=1, kind=ELEMENTWISE, flops=8)
+defop(POW, "pow", pow, _run_pow, arity=1, kind=ELEMENTWISE, flops=8, fp=PowFP,
+      vjp=lambda g, x, exponent: either(exponent == 0.0, None, either(      # g p x^(p-1); nothing for p = 0
+          exponent == 1.0, g, g * either(exponent == 2.0, 2.0 * x, exponent * op.pow(x, exponent=exponent - 1.0)))))
 
 
 # ---- clip -----------------------------------------------------------------------------------------
@@ -120,7 +105,7 @@ def clip(t: Tensor, lo: Optional[float] = None, hi: Optional[float] = None) -> T
     high = math.inf if hi is None else float(hi)
     if low > high:
         raise GraphError(f"clip of {t.label!r}: lo {low} is above hi {high}")
-    return _unary(CLIP, "clip", t, (low, high))
+    return _unary(CLIP, "clip", t, slots(ClipFP, lo=low, hi=high))
 
 
 @njit(cache=True, error_model="numpy")
@@ -134,20 +119,14 @@ def _run_clip(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _clip, lo, hi)
 
 
-def _vjp_clip(n, k, g, ctx):                   # g [lo <= x <= hi]
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    m = grad_node_fp(G, st, CLIP_MASK, x, G.fp[n, 0], G.fp[n, 1], n, k)
-    return grad_node(G, st, MUL, g, m, n, n, k)
-
-
-defop(CLIP, "clip", clip, _run_clip, _vjp_clip, arity=1, kind=ELEMENTWISE, flops=2)
+defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, flops=2, fp=ClipFP,
+      vjp=lambda g, x, lo, hi: g * op.clip_mask(x, lo=lo, hi=hi))              # g [lo <= x <= hi]
 
 
 def clip_mask(t: Tensor, lo: float, hi: float) -> Tensor:
     """1 where lo <= t <= hi, else 0 (clip's derivative)."""
     t = need_tensor(t, "clip_mask")
-    return _unary(CLIP_MASK, "clip_mask", t, (float(lo), float(hi)))
+    return _unary(CLIP_MASK, "clip_mask", t, slots(ClipFP, lo=float(lo), hi=float(hi)))
 
 
 @njit(cache=True, error_model="numpy")
@@ -159,4 +138,5 @@ def _run_clip_mask(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _clip_mask, lo, hi)
 
 
-defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
+defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False,
+      fp=ClipFP)

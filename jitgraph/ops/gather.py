@@ -12,16 +12,14 @@ import numpy as np
 from numba import njit
 
 from ..errors import GraphError
-from ..emit import grad_node
 from ..graph import Tensor
 from ..ir import F_INDEX, MAX_DIMS
-from ..native import RUN_DETAIL, operand, output, rule_view, run_view, span
-from ..registry import ROWS, defop
-from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
+from ..native import RUN_DETAIL, operand, output, run_view, span
+from ..registry import EMBEDDING, ROWS, SCATTER_ADD, defop
+from ..rules import op
+from ..status import ERR_INDEX, OK
 from .common import as_tensor, need_tensor
 
-
-EMBEDDING, SCATTER_ADD = 45, 46
 
 # the largest index a float of the graph's dtype holds exactly (indices are stored as floats)
 MAX_EXACT_INDEX = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
@@ -91,14 +89,8 @@ def _run_embedding(n, lo, hi, ctx, mem, store):
     return OK
 
 
-def _vjp_embedding(n, k, g, ctx):              # rows of g added into the table's rows
-    if k != 0:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    return grad_node(G, st, SCATTER_ADD, g, G.src[n, 1], G.src[n, 0], n, k)
-
-
-defop(EMBEDDING, "embedding", embedding, _run_embedding, _vjp_embedding, arity=2, split=ROWS)
+defop(EMBEDDING, "embedding", embedding, _run_embedding, arity=2, split=ROWS, sources=("table", "indices"),
+      vjp=lambda g, table, indices: (op.scatter_add(g, indices, like=table), None))   # rows of g into the table's
 
 
 # ---- scatter_add: embedding's table gradient ------------------------------------------------------
@@ -136,11 +128,5 @@ def _run_scatter_add(n, lo, hi, ctx, mem, store):
     return OK
 
 
-def _vjp_scatter_add(n, k, g, ctx):
-    if k != 0:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    return grad_node(G, st, EMBEDDING, g, G.src[n, 1], G.src[n, 0], n, k)
-
-
-defop(SCATTER_ADD, "scatter_add", scatter_add, _run_scatter_add, _vjp_scatter_add, arity=2, public=False)
+defop(SCATTER_ADD, "scatter_add", scatter_add, _run_scatter_add, arity=2, public=False, sources=("rows", "indices"),
+      vjp=lambda h, rows, indices: (op.embedding(h, indices, like=rows), None))

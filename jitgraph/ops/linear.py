@@ -1,10 +1,10 @@
 """Matrix product with numpy's @ semantics (batched, broadcast batch dims), lowered
 to as few BLAS calls as the layout allows.
 
-Params: ip[0], ip[1] say whether the stored operand is transposed (its last two
-axes swapped), so a transpose of either operand is read as it lies -- never
-copied; ip[2] = FLAT folds every leading axis of both operands into their rows;
-ip[DOT_K] is the contracted length (the cost model's).
+Params (MatmulIP): trans_a, trans_b say whether the stored operand is transposed (its
+last two axes swapped), so a transpose of either operand is read as it lies -- never
+copied; mode = FLAT folds every leading axis of both operands into their rows;
+contracted is the contracted length (the cost model's).
 
 * ``(..., M, K) @ (K, N)`` -- a 2-D right operand -- is one GEMM over all leading
   rows (they are contiguous);
@@ -18,27 +18,33 @@ The GEMM is numpy's bundled OpenBLAS (else scipy's), called directly (compiler.n
 import numpy as np
 from numba import njit
 
-from ..emit import grad_node
+from enum import IntEnum
+
+from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
+from ..ir import F_GRAD
 from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, RUN_TILES, data_pointer,
-                      gemm, gemm64, operand, output, rule_view, run_view, span)
-from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, defop
+                      gemm, gemm64, operand, output, run_view, span)
+from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, MATMUL, TRANSPOSE, defop, slots
 from ..status import OK
 from .common import as_tensor, graph_of
-from .shape import TRANSPOSE, reshape
+from .shape import TransposeIP, reshape
 
 
-MATMUL = 37
-FLAT = 1                      # ip[2]: both operands are read as 2-D (all leading axes fold into rows)
+class MatmulIP(IntEnum):
+    trans_a = 0               # the stored a is transposed: the product reads op(a) = a^T
+    trans_b = 1
+    mode = 2                  # FLAT: both operands are read as 2-D (all leading axes fold into rows)
+    contracted = DOT_K        # the contracted length (the cost model's)
+
+
+FLAT = 1
 TILE_WORK = 8_000_000         # least flops in a tile of a product cut for several threads
 
 
-_IP_GAP = (0,) * (DOT_K - 3)
-
-
-def _params(ta: int, tb: int, k: int, mode: int = 0) -> tuple:
-    return (ta, tb, mode) + _IP_GAP + (k,)
+def _params(ta: int, tb: int, k: int) -> tuple:
+    return slots(MatmulIP, trans_a=ta, trans_b=tb, contracted=k)
 
 
 def _lies_transposed(t: Tensor) -> tuple:
@@ -46,7 +52,7 @@ def _lies_transposed(t: Tensor) -> tuple:
     product reads its source with the transpose flag instead -- else (t, 0)."""
     nodes = t.graph.nodes
     if nodes._m_op[t.id] == TRANSPOSE and t.ndim >= 2:       # memoryview: a Python int, fast
-        perm = [int(p) for p in nodes.ip[t.id, :4]]
+        perm = [int(nodes.ip[t.id, p]) for p in TransposeIP]
         if perm == [0, 1, 3, 2]:
             return Tensor(t.graph, int(nodes.src[t.id, 0])), 1
     return t, 0
@@ -170,14 +176,14 @@ def _product(v, n, lo, hi):
     A = operand(v, n, 0)
     B = operand(v, n, 1)
     so, sa, sb = v.shape[n], v.shape[s0], v.shape[s1]
-    ta = v.ip[n, 0]
-    tb = v.ip[n, 1]
+    ta = v.ip[n, MatmulIP.trans_a]
+    tb = v.ip[n, MatmulIP.trans_b]
     fn = v.ctx[RUN_GEMM]
     ilp64 = v.ctx[RUN_GEMM_ILP64] != 0
     N = so[3]
     lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
     ldb = sb[3]
-    flat = v.ip[n, 2] == FLAT
+    flat = v.ip[n, MatmulIP.mode] == FLAT
     one_gemm = flat or so[0] * so[1] == 1 or (sb[0] * sb[1] == 1 and ta == 0 and sa[0] == so[0]
                                               and sa[1] == so[1])
     if flat:                                 # every leading axis folded into the rows
@@ -216,56 +222,39 @@ def _run_matmul(n, lo, hi, ctx, mem, store):
     return _product(run_view(ctx, mem, store), n, lo, hi)
 
 
-def _vjp_matmul(n, k, g, ctx):
-    """C = op(A) op(B), op = transpose-if-flagged.  With A' = op(A), B' = op(B):
-    dA' = g B'^T and dB' = A'^T g, written back in each operand's stored layout
-    by flipping the transpose flags -- no transpose node, BLAS reads views.
-    The gradient of a 2-D operand broadcast over a batch is one FLAT product over
-    all the batch's rows; other batch dims are n's, summed away by the backward pass.
-    A FLAT product's gradients are FLAT products shaped like their operand."""
-    G, st = rule_view(ctx)
+@njit(cache=True)
+def product_node(G, st, n, k, x, tx, y, ty):
+    """A PRODUCT of a rule (rules.py): op(x) @ op(y), with transpose flags tx, ty, as the
+    gradient of source k of product node n, laid out as that source is stored: when it is
+    stored transposed, the product computes the transpose, (X Y)^T = Y^T X^T -- flags
+    flip, no transpose node.  The gradient of a 2-D operand broadcast over a batch is one
+    FLAT product over all the batch's rows; other batch dims are n's, summed away by the
+    backward pass.  A FLAT product's gradients are FLAT products shaped like their operand."""
     src, shape, ip = G.src, G.shape, G.ip
-    a = src[n, 0]
-    b = src[n, 1]
-    ta = ip[n, 0]
-    tb = ip[n, 1]
-    flat = ip[n, 2] == FLAT
+    a, b, target = src[n, 0], src[n, 1], src[n, k]
+    if ip[n, MatmulIP.trans_a] if k == 0 else ip[n, MatmulIP.trans_b]:
+        x, y, tx, ty = y, x, 1 - ty, 1 - tx
     rows = shape[n, 0] * shape[n, 1] * shape[n, 2]
-    if k == 1 and not flat and ta == 0 and shape[b, 0] * shape[b, 1] == 1 and shape[n, 0] * shape[n, 1] > 1 \
-            and shape[a, 0] == shape[n, 0] and shape[a, 1] == shape[n, 1]:
-        # dB over all rows at once: X^T g (B stored as is) or g^T X (B stored transposed)
-        t = grad_node(G, st, MATMUL, g, a, b, n, k) if tb else grad_node(G, st, MATMUL, a, g, b, n, k)
-        ip[t, 0] = 1
-        ip[t, 2] = FLAT
-        ip[t, DOT_K] = rows
-        return t
-    like = a if k == 0 else b
-    if k == 0:
-        if ta:      # A stored as A'^T:  dA = B' g^T
-            t = grad_node(G, st, MATMUL, b, g, like if flat else n, n, k)
-            ip[t, 0] = tb
-            ip[t, 1] = 1
-        else:       # dA = g B'^T
-            t = grad_node(G, st, MATMUL, g, b, like if flat else n, n, k)
-            ip[t, 0] = 0
-            ip[t, 1] = 1 - tb
-    else:
-        if tb:      # B stored as B'^T:  dB = g^T A'
-            t = grad_node(G, st, MATMUL, g, a, like if flat else n, n, k)
-            ip[t, 0] = 1
-            ip[t, 1] = ta
-        else:       # dB = A'^T g
-            t = grad_node(G, st, MATMUL, a, g, like if flat else n, n, k)
-            ip[t, 0] = 1 - ta
-            ip[t, 1] = 0
+    flat = ip[n, MatmulIP.mode] == FLAT or (
+        k == 1 and ip[n, MatmulIP.trans_a] == 0 and shape[b, 0] * shape[b, 1] == 1 and shape[n, 0] * shape[n, 1] > 1
+        and shape[a, 0] == shape[n, 0] and shape[a, 1] == shape[n, 1])      # dB over all rows at once
+    t = new_node(G, st, MATMUL, x, y, target if flat else n, F_GRAD, n, k)
+    ip[t, MatmulIP.trans_a] = tx
+    ip[t, MatmulIP.trans_b] = ty
     if flat:
-        ip[t, 2] = FLAT
+        ip[t, MatmulIP.mode] = FLAT
     else:
-        shape[t, 2] = shape[like, 2]
-        shape[t, 3] = shape[like, 3]
-    ip[t, DOT_K] = shape[n, 3] if k == 0 else (rows if flat else shape[n, 2])   # dA contracts over N, dB over M
+        shape[t, 2] = shape[target, 2]
+        shape[t, 3] = shape[target, 3]
+    ip[t, MatmulIP.contracted] = shape[n, 3] if k == 0 else (rows if flat else shape[n, 2])   # dA over N, dB over M
     return t
 
 
-defop(MATMUL, "matmul", matmul, _run_matmul, _vjp_matmul, arity=2, cost=COMPUTE, flops=DOT, split=CUSTOM,
-      blas=True)
+def _matmul_vjp(g, a, b, trans_a, trans_b):
+    """C = A' B', A' = op(a) and B' = op(b) as the flags say: dA' = g B'^T, dB' = A'^T g."""
+    a, b = a.transposed(trans_a), b.transposed(trans_b)
+    return g @ b.T, a.T @ g
+
+
+defop(MATMUL, "matmul", matmul, _run_matmul, _matmul_vjp, arity=2, cost=COMPUTE, flops=DOT, split=CUSTOM,
+      blas=True, ip=MatmulIP)

@@ -13,27 +13,31 @@ centred g, m = mean(g y), r = rstd), written with the family's ops.
 """
 import math
 import numbers
+from enum import IntEnum
 from typing import Optional
 
 import numpy as np
 from numba import njit
 
-from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import output, operand, rule_view, run_view, span
-from ..registry import COMPUTE, ELEMENTS, ROWS, defop
+from ..native import output, operand, run_view, span
+from ..registry import (COMPUTE, ELEMENTS, LAYER_NORM, LAYER_NORM_AFFINE, LAYER_NORM_D, NORM_RSTD, RMS_NORM,
+                        RMS_NORM_D, ROWS, defop, slots)
+from ..rules import either, op
 from ..status import OK
 from ..vmath import dotdev8, in_dtype_of, sqdev8, sum8
-from .binary import MUL, SUB, add, mul, scaled
+from .binary import add, mul
 from .common import need_pair, need_tensor
-from .reduce import MEAN, SUM, row_reduce
-from .unary import SQR
+from .reduce import rowmean, rowsum
 
 
-LAYER_NORM, RMS_NORM, NORM_RSTD = 41, 42, 43
-LAYER_NORM_D, RMS_NORM_D = 51, 52
-LAYER_NORM_AFFINE = 87
+class EpsFP(IntEnum):            # every op of the family
+    eps = 0
+
+
+class NormRstdIP(IntEnum):
+    center = 0                   # 1: layer norm's 1/std; 0: rms norm's 1/rms
 
 
 def _eps(eps: float, what: str) -> float:
@@ -46,7 +50,7 @@ def _normed(code: int, what: str, t: Tensor, eps: float) -> Tensor:
     t = need_tensor(t, what)
     if t.ndim == 0:
         raise GraphError(f"{what} of {t.label!r}: needs at least 1 dim")
-    return t.graph._node(code, (t.id,), t.shape, fp=(_eps(eps, f"{what} of {t.label!r}"),))
+    return t.graph._node(code, (t.id,), t.shape, fp=slots(EpsFP, eps=_eps(eps, f"{what} of {t.label!r}")))
 
 
 @njit(cache=True, error_model="numpy")
@@ -87,7 +91,7 @@ def layer_norm_affine(t: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
             raise GraphError(f"layer_norm_affine of {t.label!r} {t.shape}: {name} {p.label!r} {p.shape} must be "
                              f"a tensor of its graph shaped like its last axis")
     return t.graph._node(LAYER_NORM_AFFINE, (t.id, weight.id, bias.id), t.shape,
-                         fp=(_eps(eps, f"layer_norm of {t.label!r}"),))
+                         fp=slots(EpsFP, eps=_eps(eps, f"layer_norm of {t.label!r}")))
 
 
 def rms_norm(t: Tensor, eps: float = 1e-6) -> Tensor:
@@ -112,39 +116,23 @@ def _norm(v, n, lo, hi, center):
     out = output(v, n)
     d = v.shape[n, 3]
     lo, hi = span(lo, hi, out.size // d)
-    return norm_rows(out, operand(v, n, 0), d, v.fp[n, 0], center, lo, hi)
+    return norm_rows(out, operand(v, n, 0), d, v.fp[n, EpsFP.eps], center, lo, hi)
 
 
 def _run_layer_norm(n, lo, hi, ctx, mem, store):
     return _norm(run_view(ctx, mem, store), n, lo, hi, True)
 
 
-@njit(cache=True)
-def norm_grad_node(G, st, op, g, x, eps, n, k):
-    t = grad_node(G, st, op, g, x, x, n, k)
-    G.fp[t, 0] = eps
-    return t
-
-
-def _vjp_layer_norm(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return norm_grad_node(G, st, LAYER_NORM_D, g, G.src[n, 0], G.fp[n, 0], n, k)
-
-
-defop(LAYER_NORM, "layer_norm", layer_norm, _run_layer_norm, _vjp_layer_norm, arity=1, cost=COMPUTE, flops=8,
-      split=ROWS)
+defop(LAYER_NORM, "layer_norm", layer_norm, _run_layer_norm, arity=1, cost=COMPUTE, flops=8, split=ROWS, fp=EpsFP,
+      vjp=lambda g, x, eps: op.layer_norm_d(g, x, like=x, eps=eps))
 
 
 def _run_rms_norm(n, lo, hi, ctx, mem, store):
     return _norm(run_view(ctx, mem, store), n, lo, hi, False)
 
 
-def _vjp_rms_norm(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return norm_grad_node(G, st, RMS_NORM_D, g, G.src[n, 0], G.fp[n, 0], n, k)
-
-
-defop(RMS_NORM, "rms_norm", rms_norm, _run_rms_norm, _vjp_rms_norm, arity=1, cost=COMPUTE, flops=6, split=ROWS)
+defop(RMS_NORM, "rms_norm", rms_norm, _run_rms_norm, arity=1, cost=COMPUTE, flops=6, split=ROWS, fp=EpsFP,
+      vjp=lambda g, x, eps: op.rms_norm_d(g, x, like=x, eps=eps))
 
 
 # ---- layer_norm with its affine, fused --------------------------------------------------------------
@@ -164,38 +152,24 @@ def _run_layer_norm_affine(n, lo, hi, ctx, mem, store):
     out = output(v, n)
     d = v.shape[n, 3]
     lo, hi = span(lo, hi, out.size // d)
-    return norm_affine_rows(out, operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), d, v.fp[n, 0], lo, hi)
+    return norm_affine_rows(out, operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), d, v.fp[n, EpsFP.eps], lo, hi)
 
 
-@njit(cache=True)
-def norm_affine_vjp(G, st, n, k, g):
+def _norm_affine_vjp(g, x, weight, eps):
     """x: layer_norm_d(g * weight, x); weight: g * layer_norm(x) (recomputed from x, so the
     forward keeps no normalized rows); bias: g.  Weight and bias are summed down to (D,) by
     the backward pass, as every broadcast operand is."""
-    x = G.src[n, 0]
-    eps = G.fp[n, 0]
-    if k == 2:
-        return g
-    if k == 1:
-        y = grad_node(G, st, LAYER_NORM, x, -1, x, n, k)
-        G.fp[y, 0] = eps
-        return grad_node(G, st, MUL, g, y, n, n, k)
-    return norm_grad_node(G, st, LAYER_NORM_D, grad_node(G, st, MUL, g, G.src[n, 1], n, n, k), x, eps, n, k)
+    return op.layer_norm_d(g * weight, x, like=x, eps=eps), g * op.layer_norm(x, like=x, eps=eps), g
 
 
-def _vjp_layer_norm_affine(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return norm_affine_vjp(G, st, n, k, g)
-
-
-defop(LAYER_NORM_AFFINE, "layer_norm_affine", layer_norm_affine, _run_layer_norm_affine, _vjp_layer_norm_affine,
-      arity=3, cost=COMPUTE, flops=10, split=ROWS, public=False)
+defop(LAYER_NORM_AFFINE, "layer_norm_affine", layer_norm_affine, _run_layer_norm_affine, _norm_affine_vjp,
+      arity=3, cost=COMPUTE, flops=10, split=ROWS, public=False, sources=("x", "weight", "bias"), fp=EpsFP)
 
 
 # ---- the fused gradients --------------------------------------------------------------------------
 def _norm_d(code: int, what: str, g: Tensor, x: Tensor, eps: float) -> Tensor:
     g, x = need_pair(what, g, x, min_ndim=1)
-    return x.graph._node(code, (g.id, x.id), x.shape, fp=(_eps(eps, f"{what} of {x.label!r}"),))
+    return x.graph._node(code, (g.id, x.id), x.shape, fp=slots(EpsFP, eps=_eps(eps, f"{what} of {x.label!r}")))
 
 
 def layer_norm_d(g: Tensor, x: Tensor, eps: float = 1e-5) -> Tensor:
@@ -228,69 +202,52 @@ def _norm_d_run(v, n, lo, hi, center):
     out = output(v, n)
     d = v.shape[n, 3]
     lo, hi = span(lo, hi, out.size // d)
-    return norm_d_rows(out, operand(v, n, 0), operand(v, n, 1), d, v.fp[n, 0], center, lo, hi)
+    return norm_d_rows(out, operand(v, n, 0), operand(v, n, 1), d, v.fp[n, EpsFP.eps], center, lo, hi)
 
 
-@njit(cache=True)
-def norm_d_vjp(G, st, n, k, h, center):
-    """See the module docstring; n = norm_d(a, x), h the incoming gradient."""
-    a = G.src[n, 0]
-    x = G.src[n, 1]
-    eps = G.fp[n, 0]
-    jh = norm_grad_node(G, st, LAYER_NORM_D if center else RMS_NORM_D, h, x, eps, n, k)
-    if k == 0:
-        return jh
-    d = G.shape[x, 3]
-    y = grad_node(G, st, LAYER_NORM if center else RMS_NORM, x, -1, x, n, k)
-    G.fp[y, 0] = eps
-    r = grad_node(G, st, NORM_RSTD, x, -1, x, n, k)
-    G.shape[r, 3] = 1
-    G.ip[r, 0] = 1 if center else 0
-    G.fp[r, 0] = eps
-    ac = grad_node(G, st, SUB, a, row_reduce(G, st, MEAN, a, x, 3, n, k), x, n, k) if center else a
-    ha = row_reduce(G, st, SUM, grad_node(G, st, MUL, h, ac, x, n, k), x, 3, n, k)
-    hy = row_reduce(G, st, SUM, grad_node(G, st, MUL, h, y, x, n, k), x, 3, n, k)
-    m = row_reduce(G, st, MEAN, grad_node(G, st, MUL, a, y, x, n, k), x, 3, n, k)
-    r2 = grad_node(G, st, SQR, r, -1, r, n, k)
-    c1 = grad_node(G, st, MUL, grad_node(G, st, SUB, ha, grad_node(G, st, MUL, m, hy, m, n, k), m, n, k), r2, m, n, k)
-    t1 = grad_node(G, st, MUL, scaled(G, st, c1, -1.0 / d, n, k), y, x, n, k)
-    t2 = grad_node(G, st, MUL, grad_node(G, st, MUL, r, m, m, n, k), jh, x, n, k)
-    t3 = grad_node(G, st, MUL, scaled(G, st, grad_node(G, st, MUL, r, hy, m, n, k), 1.0 / d, n, k), n, x, n, k)
-    return grad_node(G, st, SUB, grad_node(G, st, SUB, t1, t2, x, n, k), t3, x, n, k)
+def _norm_d_vjp(center):
+    """The rule of norm_d(g, x), see the module docstring: through g, norm_d(h, x); through
+    x, -(r^2/D)(h.a - m h.y) y - r m J h - (r/D)(h.y) J g, each slot building its own J h."""
+    def rule(h, g, x, out, eps):
+        norm_d, norm = (op.layer_norm_d, op.layer_norm) if center else (op.rms_norm_d, op.rms_norm)
+        jh = norm_d(h, x, like=x, eps=eps)
+        jh_x = norm_d(h, x, like=x, eps=eps)
+        y = norm(x, like=x, eps=eps)
+        r = op.norm_rstd(x, like=x, dims={3: 1}, center=int(center), eps=eps)
+        a = g - rowmean(g, x, 3) if center else g
+        ha = rowsum(h * a, x, 3)
+        hy = rowsum(h * y, x, 3)
+        m = rowmean(g * y, x, 3)
+        r2 = op.sqr(r)
+        t1 = (-1.0 / x.shape[3]) * ((ha - m * hy) * r2) * y
+        t2 = r * m * jh_x
+        t3 = (1.0 / x.shape[3]) * (r * hy) * out
+        return jh, t1 - t2 - t3
+    return rule
 
 
 def _run_layer_norm_d(n, lo, hi, ctx, mem, store):
     return _norm_d_run(run_view(ctx, mem, store), n, lo, hi, True)
 
 
-def _vjp_layer_norm_d(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return norm_d_vjp(G, st, n, k, g, True)
-
-
-defop(LAYER_NORM_D, "layer_norm_d", layer_norm_d, _run_layer_norm_d, _vjp_layer_norm_d, arity=2, cost=COMPUTE,
-      flops=10, split=ROWS, public=False)
+defop(LAYER_NORM_D, "layer_norm_d", layer_norm_d, _run_layer_norm_d, _norm_d_vjp(True), arity=2, cost=COMPUTE,
+      flops=10, split=ROWS, public=False, sources=("g", "x"), fp=EpsFP)
 
 
 def _run_rms_norm_d(n, lo, hi, ctx, mem, store):
     return _norm_d_run(run_view(ctx, mem, store), n, lo, hi, False)
 
 
-def _vjp_rms_norm_d(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return norm_d_vjp(G, st, n, k, g, False)
-
-
-defop(RMS_NORM_D, "rms_norm_d", rms_norm_d, _run_rms_norm_d, _vjp_rms_norm_d, arity=2, cost=COMPUTE, flops=8,
-      split=ROWS, public=False)
+defop(RMS_NORM_D, "rms_norm_d", rms_norm_d, _run_rms_norm_d, _norm_d_vjp(False), arity=2, cost=COMPUTE, flops=8,
+      split=ROWS, public=False, sources=("g", "x"), fp=EpsFP)
 
 
 # ---- norm_rstd: 1/std or 1/rms per row --------------------------------------------------------------
 def norm_rstd(t: Tensor, eps: float, center: bool) -> Tensor:
     """Per row of the last axis: 1/std (``center``, layer norm) or 1/rms; shape (..., 1)."""
     t = need_tensor(t, "norm_rstd")
-    return t.graph._node(NORM_RSTD, (t.id,), t.shape[:-1] + (1,), ip=(int(bool(center)),),
-                         fp=(_eps(eps, f"norm_rstd of {t.label!r}"),))
+    return t.graph._node(NORM_RSTD, (t.id,), t.shape[:-1] + (1,), ip=slots(NormRstdIP, center=int(bool(center))),
+                         fp=slots(EpsFP, eps=_eps(eps, f"norm_rstd of {t.label!r}")))
 
 
 @njit(cache=True, error_model="numpy")
@@ -304,18 +261,15 @@ def _run_norm_rstd(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
-    return norm_rstd_rows(out, operand(v, n, 0), v.shape[v.src[n, 0], 3], v.fp[n, 0], v.ip[n, 0] != 0, lo, hi)
+    return norm_rstd_rows(out, operand(v, n, 0), v.shape[v.src[n, 0], 3], v.fp[n, EpsFP.eps],
+                          v.ip[n, NormRstdIP.center] != 0, lo, hi)
 
 
-def _vjp_norm_rstd(n, k, g, ctx):              # d rstd / dx = -rstd^2 * norm(x) / D
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    t = grad_node(G, st, MUL, g, grad_node(G, st, SQR, n, -1, n, n, k), n, n, k)
-    t = scaled(G, st, t, -1.0 / G.shape[x, 3], n, k)
-    y = grad_node(G, st, LAYER_NORM if G.ip[n, 0] else RMS_NORM, x, -1, x, n, k)
-    G.fp[y, 0] = G.fp[n, 0]
-    return grad_node(G, st, MUL, y, t, x, n, k)
+def _norm_rstd_vjp(g, x, out, center, eps):
+    """d rstd / dx = -rstd^2 norm(x) / D."""
+    t = (-1.0 / x.shape[3]) * (g * op.sqr(out))
+    return either(center, op.layer_norm(x, like=x, eps=eps), op.rms_norm(x, like=x, eps=eps)) * t
 
 
-defop(NORM_RSTD, "norm_rstd", norm_rstd, _run_norm_rstd, _vjp_norm_rstd, arity=1, cost=COMPUTE, flops=4,
-      split=ELEMENTS, public=False)
+defop(NORM_RSTD, "norm_rstd", norm_rstd, _run_norm_rstd, _norm_rstd_vjp, arity=1, cost=COMPUTE, flops=4,
+      split=ELEMENTS, public=False, ip=NormRstdIP, fp=EpsFP)

@@ -1,6 +1,6 @@
 """Pooling: max_pool2d and avg_pool2d, each with a fused backward op.
 
-Calling convention: NCHW; ip = (kh, kw, sh, sw, ph, pw); units of work are (image,
+Calling convention: NCHW; params PoolIP (kernel, stride, padding); units of work are (image,
 channel) planes (split CUSTOM), so a plane's gradient is always summed by one thread
 in one fixed order (windows in row-major order, taps in row-major order within a
 window) and results do not depend on the thread count.  Padding counts as -inf for
@@ -15,22 +15,31 @@ builders keep padding at most half the kernel, so every window holds an input el
 * ``avg_pool2d`` and ``avg_pool2d_d`` (windows of g / (kh*kw) added back) are each
   other's adjoints.
 """
+from enum import IntEnum
 from typing import Sequence, Tuple, Union
 
 import numpy as np
 from numba import njit
 
-from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
-from ..registry import CUSTOM, defop
-from ..status import NO_CONTRIBUTION, OK
+from ..native import RUN_EXTENT, operand, output, run_view, span
+from ..registry import AVG_POOL2D, AVG_POOL2D_D, CUSTOM, MAX_POOL2D, MAX_POOL2D_D, defop, slots
+from ..rules import op
+from ..status import OK
 from .common import need_tensor
 from .windows import int_pair, out_size, valid_columns
 
 
-MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86
+class PoolIP(IntEnum):           # every op of the family
+    kernel_h = 0
+    kernel_w = 1
+    stride_h = 2
+    stride_w = 3
+    pad_h = 4
+    pad_w = 5
+
+
 MAX, MAX_D, AVG, AVG_D = 0, 1, 2, 3       # the kernel's modes
 
 Pair = Union[int, Sequence[int]]
@@ -56,7 +65,8 @@ def _windows(shape: tuple, label: str, kernel_size: Pair, stride: Union[None, Pa
     if min(OH, OW) < 1:
         raise GraphError(f"{what}: the kernel {k} is larger than the padded input {label!r} {shape} "
                          f"(padding {p})")
-    return k + s + p, (N, C, OH, OW)
+    return slots(PoolIP, kernel_h=k[0], kernel_w=k[1], stride_h=s[0], stride_w=s[1], pad_h=p[0], pad_w=p[1]), \
+        (N, C, OH, OW)
 
 
 def max_pool2d(x: Tensor, kernel_size: Pair, stride: Union[None, Pair] = None, padding: Pair = 0) -> Tensor:
@@ -118,7 +128,8 @@ def pool_kernel(mode, out, a, keys, same, H, W, OH, OW, p, lo, hi):
     by their own keys and the average run a row of windows at a time, tap by tap, over
     slices indexed from 0 (vectorized); the max of a tap keeps the first maximum of equal
     ones, as the window-by-window search."""
-    kh, kw, sh, sw, ph, pw = p[0], p[1], p[2], p[3], p[4], p[5]
+    kh, kw, sh, sw = p[PoolIP.kernel_h], p[PoolIP.kernel_w], p[PoolIP.stride_h], p[PoolIP.stride_w]
+    ph, pw = p[PoolIP.pad_h], p[PoolIP.pad_w]
     inv = 1.0 / (kh * kw)
     back = mode == MAX_D or mode == AVG_D
     for u in range(lo, hi):
@@ -199,42 +210,12 @@ def _run_avg_pool2d_d(n, lo, hi, ctx, mem, store):
     return _pool(run_view(ctx, mem, store), n, lo, hi, AVG_D)
 
 
-@njit(cache=True)
-def pool_node(G, st, op, a, keys, like, n, k):
-    """A pooling node of ``a`` (and ``keys``) with node n's params, shaped like ``like``."""
-    t = grad_node(G, st, op, a, keys, like, n, k)
-    for q in range(6):
-        G.ip[t, q] = G.ip[n, q]
-    return t
-
-
-def _vjp_max_pool2d(n, k, g, ctx):              # the keys only choose: no gradient through them
-    if k != 0:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    return pool_node(G, st, MAX_POOL2D_D, g, G.src[n, 1], G.src[n, 0], n, k)
-
-
-def _vjp_max_pool2d_d(n, k, h, ctx):            # linear in g: h picked at the same positions
-    if k != 0:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    return pool_node(G, st, MAX_POOL2D, h, G.src[n, 1], G.src[n, 0], n, k)
-
-
-def _vjp_avg_pool2d(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return pool_node(G, st, AVG_POOL2D_D, g, -1, G.src[n, 0], n, k)
-
-
-def _vjp_avg_pool2d_d(n, k, h, ctx):
-    G, st = rule_view(ctx)
-    return pool_node(G, st, AVG_POOL2D, h, -1, G.src[n, 0], n, k)
-
-
-defop(MAX_POOL2D, "max_pool2d", max_pool2d, _run_max_pool2d, _vjp_max_pool2d, arity=2, split=CUSTOM)
-defop(MAX_POOL2D_D, "max_pool2d_d", max_pool2d_d, _run_max_pool2d_d, _vjp_max_pool2d_d, arity=2, public=False,
-      split=CUSTOM)
-defop(AVG_POOL2D, "avg_pool2d", avg_pool2d, _run_avg_pool2d, _vjp_avg_pool2d, arity=1, split=CUSTOM)
-defop(AVG_POOL2D_D, "avg_pool2d_d", avg_pool2d_d, _run_avg_pool2d_d, _vjp_avg_pool2d_d, arity=1, public=False,
-      split=CUSTOM)
+defop(MAX_POOL2D, "max_pool2d", max_pool2d, _run_max_pool2d, arity=2, split=CUSTOM, sources=("x", "keys"), ip=PoolIP,
+      vjp=lambda g, x, keys, out: (op.max_pool2d_d(g, keys, like=x, params_from=out), None))   # keys only choose
+defop(MAX_POOL2D_D, "max_pool2d_d", max_pool2d_d, _run_max_pool2d_d, arity=2, public=False, split=CUSTOM,
+      sources=("g", "keys"), ip=PoolIP,                       # linear in g: h picked at the same positions
+      vjp=lambda h, g, keys, out: (op.max_pool2d(h, keys, like=g, params_from=out), None))
+defop(AVG_POOL2D, "avg_pool2d", avg_pool2d, _run_avg_pool2d, arity=1, split=CUSTOM, ip=PoolIP,
+      vjp=lambda g, x, out: op.avg_pool2d_d(g, like=x, params_from=out))
+defop(AVG_POOL2D_D, "avg_pool2d_d", avg_pool2d_d, _run_avg_pool2d_d, arity=1, public=False, split=CUSTOM, ip=PoolIP,
+      sources=("g",), vjp=lambda h, g, out: op.avg_pool2d(h, like=g, params_from=out))

@@ -7,33 +7,49 @@ shape is just a SUM whose output shape is that operand's.  BROADCAST is the
 exact inverse mapping (same mask, over the *output's* axes).
 """
 import math
-from typing import Optional, Sequence, Union
+from enum import IntEnum
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64, on_first_use
-from ..emit import grad_node, grad_node_fp, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
-from ..ir import F_GRAD
-from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
-from ..registry import COMPUTE, CUSTOM, ROWS, ZERO_GRAD, defop
-from ..vmath import in_dtype_of, sum8_f64
-from ..status import OK
-from .binary import AFFINE, MUL
 from ..ir import MAX_DIMS
+from ..native import RUN_EXTENT, operand, output, run_view, span
+from ..registry import ARGMAX, BROADCAST, COMPUTE, CUSTOM, MAX, MAX_MASK, MEAN, ROWS, SUM, ZERO_GRAD, defop, slots
+from ..rules import Sym, op
+from ..status import OK
+from ..vmath import in_dtype_of, sum8_f64
 from .common import broadcast_mask, need_tensor, normalize_axes, normalize_axis, padded_mask
 from .shape import outer_inner
-
-
-SUM, MEAN, MAX, BROADCAST, MAX_MASK = 27, 28, 29, 30, 31
-ARGMAX = 68
 
 Axis = Optional[Union[int, Sequence[int]]]
 
 
-# ---- the family's calling convention: ip[n, 0] = mask of reduced axes (padded space) -----------
+class ReduceIP(IntEnum):        # sum, mean, max, broadcast, max_mask
+    axes = 0                    # bit mask of the reduced (broadcast's: repeated) axes, padded space
+
+
+class MeanFP(IntEnum):
+    scale = 0                   # 1 / the number of values a mean sums
+
+
+class ArgmaxIP(IntEnum):
+    axis = 0                    # padded
+
+
+def rowsum(t: Sym, like: Sym, axis: Any) -> Sym:
+    """In a rule: the sum of ``t`` over padded ``axis``, kept as size 1 (shaped like ``like``)."""
+    return op.sum(t, like=like, dims={axis: 1}, axes=1 << axis)
+
+
+def rowmean(t: Sym, like: Sym, axis: Any) -> Sym:
+    """In a rule: the mean of ``t`` over padded ``axis``, kept as size 1."""
+    return op.mean(t, like=like, dims={axis: 1}, axes=1 << axis, scale=1.0 / like.shape[axis])
+
+
+# ---- the family's calling convention: ip[n, ReduceIP.axes] = mask of reduced axes (padded space) ----
 def _reduce(code, what, t, axis, keepdims):
     t = need_tensor(t, what)
     shape = t.shape
@@ -45,8 +61,8 @@ def _reduce(code, what, t, axis, keepdims):
     count = 1
     for a in axes:
         count *= shape[a]
-    fp = (1.0 / count,) if code == MEAN else ()
-    return t.graph._node(code, (t.id,), out, ip=(padded_mask(axes, len(shape)),), fp=fp)
+    fp = slots(MeanFP, scale=1.0 / count) if code == MEAN else ()
+    return t.graph._node(code, (t.id,), out, ip=slots(ReduceIP, axes=padded_mask(axes, len(shape))), fp=fp)
 
 
 # ---- kernels ------------------------------------------------------------------------
@@ -160,7 +176,7 @@ def run_sum(v, n, lo, hi, scale):
     out = output(v, n)
     s0 = v.src[n, 0]
     sx = v.shape[s0]
-    mask = v.ip[n, 0]
+    mask = v.ip[n, ReduceIP.axes]
     how = layout(sx, mask) if out.size > 1 else LAYOUT_OTHER
     if how == LAYOUT_LEADING:             # strips of columns, each at least LEADING_COLS wide
         units = out.size // LEADING_COLS if out.size >= 2 * LEADING_COLS else 1
@@ -263,25 +279,6 @@ def max_mask_kernel(out, x, sx, mask):
     return OK
 
 
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64))
-def masked(G, st, op, a, like, mask, n, k):
-    """A gradient node ``op(a)`` of the family, shaped like ``like``, over axes ``mask``."""
-    t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
-    G.ip[t, 0] = mask
-    return t
-
-
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64))
-def row_reduce(G, st, op, a, like, axis, n, k):
-    """A gradient node: sum or mean of ``a`` over padded ``axis``, keeping it as size 1."""
-    t = grad_node(G, st, op, a, -1, like, n, k)
-    G.shape[t, axis] = 1
-    G.ip[t, 0] = 1 << axis
-    if op == MEAN:
-        G.fp[t, 0] = 1.0 / G.shape[like, axis]
-    return t
-
-
 # ---- sum ------------------------------------------------------------------------------------------
 def sum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:    # noqa: A001
     """Sum over ``axis`` (None: all; int or tuple), like numpy."""
@@ -292,12 +289,8 @@ def _run_sum(n, lo, hi, ctx, mem, store):
     return run_sum(run_view(ctx, mem, store), n, lo, hi, 1.0)
 
 
-def _vjp_sum(n, k, g, ctx):                    # g repeated over the reduced axes
-    G, st = rule_view(ctx)
-    return masked(G, st, BROADCAST, g, G.src[n, 0], G.ip[n, 0], n, k)
-
-
-defop(SUM, "sum", sum, _run_sum, _vjp_sum, arity=1, cost=COMPUTE, split=CUSTOM)
+defop(SUM, "sum", sum, _run_sum, arity=1, cost=COMPUTE, split=CUSTOM, ip=ReduceIP,
+      vjp=lambda g, x, axes: op.broadcast(g, like=x, axes=axes))      # g repeated over the reduced axes
 
 
 # ---- mean -----------------------------------------------------------------------------------------
@@ -308,16 +301,11 @@ def mean(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 def _run_mean(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return run_sum(v, n, lo, hi, v.fp[n, 0])
+    return run_sum(v, n, lo, hi, v.fp[n, MeanFP.scale])
 
 
-def _vjp_mean(n, k, g, ctx):                   # (g / count) repeated
-    G, st = rule_view(ctx)
-    t = grad_node_fp(G, st, AFFINE, g, G.fp[n, 0], 0.0, n, k)
-    return masked(G, st, BROADCAST, t, G.src[n, 0], G.ip[n, 0], n, k)
-
-
-defop(MEAN, "mean", mean, _run_mean, _vjp_mean, arity=1, cost=COMPUTE, split=CUSTOM)
+defop(MEAN, "mean", mean, _run_mean, arity=1, cost=COMPUTE, split=CUSTOM, ip=ReduceIP, fp=MeanFP,
+      vjp=lambda g, x, axes, scale: op.broadcast(scale * g, like=x, axes=axes))
 
 
 # ---- max ------------------------------------------------------------------------------------------
@@ -328,18 +316,11 @@ def max(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:    # no
 
 def _run_max(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return max_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
+    return max_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, ReduceIP.axes])
 
 
-def _vjp_max(n, k, g, ctx):                    # g to the first maximal element of each group
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    b = masked(G, st, BROADCAST, g, x, G.ip[n, 0], n, k)
-    m = masked(G, st, MAX_MASK, x, x, G.ip[n, 0], n, k)
-    return grad_node(G, st, MUL, b, m, x, n, k)
-
-
-defop(MAX, "max", max, _run_max, _vjp_max, arity=1, cost=COMPUTE)
+defop(MAX, "max", max, _run_max, arity=1, cost=COMPUTE, ip=ReduceIP,           # to the first maximum of each group
+      vjp=lambda g, x, axes: op.broadcast(g, like=x, axes=axes) * op.max_mask(x, like=x, axes=axes))
 
 
 # ---- broadcast: the inverse of sum ---------------------------------------------------------------
@@ -352,22 +333,18 @@ def broadcast_to(t: Tensor, shape: Sequence[int]) -> Tensor:
         raise GraphError(f"broadcast_to: {t.label!r} of shape {src} cannot broadcast to {shape}")
     if src == shape:
         return t
-    return t.graph._node(BROADCAST, (t.id,), shape, ip=(broadcast_mask(src, shape),))
+    return t.graph._node(BROADCAST, (t.id,), shape, ip=slots(ReduceIP, axes=broadcast_mask(src, shape)))
 
 
 def _run_broadcast(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     so = v.shape[n]
     lo, hi = span(lo, hi, so[0] * so[1] * so[2])
-    return broadcast_kernel(output(v, n), operand(v, n, 0), so, v.ip[n, 0], lo, hi)
+    return broadcast_kernel(output(v, n), operand(v, n, 0), so, v.ip[n, ReduceIP.axes], lo, hi)
 
 
-def _vjp_broadcast(n, k, g, ctx):              # summed back over the repeated axes
-    G, st = rule_view(ctx)
-    return masked(G, st, SUM, g, G.src[n, 0], G.ip[n, 0], n, k)
-
-
-defop(BROADCAST, "broadcast", broadcast_to, _run_broadcast, _vjp_broadcast, arity=1, split=ROWS)
+defop(BROADCAST, "broadcast", broadcast_to, _run_broadcast, arity=1, split=ROWS, ip=ReduceIP,
+      vjp=lambda g, x, axes: op.sum(g, like=x, axes=axes))      # summed back over the repeated axes
 
 
 # ---- max_mask: max's derivative ------------------------------------------------------------------
@@ -375,18 +352,18 @@ def max_mask(t: Tensor, axis: Axis = None) -> Tensor:
     """1.0 at the first (row-major) maximal element of each group reduced by ``axis``, else 0."""
     t = need_tensor(t, "max_mask")
     axes = normalize_axes(axis, t.ndim, f"max_mask of {t.label!r}")
-    return t.graph._node(MAX_MASK, (t.id,), t.shape, ip=(padded_mask(axes, t.ndim),))
+    return t.graph._node(MAX_MASK, (t.id,), t.shape, ip=slots(ReduceIP, axes=padded_mask(axes, t.ndim)))
 
 
 def _run_max_mask(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return max_mask_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
+    return max_mask_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, ReduceIP.axes])
 
 
-defop(MAX_MASK, "max_mask", max_mask, _run_max_mask, ZERO_GRAD, arity=1, cost=COMPUTE, public=False)
+defop(MAX_MASK, "max_mask", max_mask, _run_max_mask, ZERO_GRAD, arity=1, cost=COMPUTE, public=False, ip=ReduceIP)
 
 
-# ---- argmax: ip[n, 0] = the padded axis -------------------------------------------------------------
+# ---- argmax ------------------------------------------------------------------------------------------
 def argmax(t: Tensor, axis: Optional[int] = None, keepdims: bool = False) -> Tensor:
     """Position of the first maximum along ``axis`` (None: in the flattened tensor), as
     numpy.argmax: a NaN counts as the maximum.  The positions are floats of the graph's
@@ -403,7 +380,7 @@ def argmax(t: Tensor, axis: Optional[int] = None, keepdims: bool = False) -> Ten
     ax = normalize_axis(int(axis), t.ndim, f"argmax of {t.label!r}")
     shape = tuple(1 if i == ax else d for i, d in enumerate(t.shape)) if keepdims else \
         tuple(d for i, d in enumerate(t.shape) if i != ax)
-    return t.graph._node(ARGMAX, (t.id,), shape, ip=(ax + MAX_DIMS - t.ndim,))
+    return t.graph._node(ARGMAX, (t.id,), shape, ip=slots(ArgmaxIP, axis=ax + MAX_DIMS - t.ndim))
 
 
 @njit(cache=True, error_model="numpy")
@@ -427,7 +404,7 @@ def argmax_kernel(out, x, sx, axis):
 
 def _run_argmax(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    return argmax_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, 0])
+    return argmax_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n, ArgmaxIP.axis])
 
 
-defop(ARGMAX, "argmax", argmax, _run_argmax, ZERO_GRAD, arity=1)
+defop(ARGMAX, "argmax", argmax, _run_argmax, ZERO_GRAD, arity=1, ip=ArgmaxIP)

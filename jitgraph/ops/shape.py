@@ -2,31 +2,45 @@
 slice and pad (slice's gradient).  Axis parameters live in the padded 4-dim space.
 """
 import numbers
+from enum import IntEnum
 from typing import Optional, Sequence, Union
 
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64, on_first_use
-from ..emit import grad_node, new_node
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
-from ..ir import F_GRAD, MAX_DIMS, MAX_SRC
-from ..native import operand, output, rule_view, run_view, span
-from ..registry import FREE, ROWS, VIEW, defop
+from ..ir import MAX_DIMS, MAX_SRC
+from ..native import operand, output, run_view, span
+from ..registry import CONCAT, FREE, PAD, RESHAPE, ROWS, SLICE, TRANSPOSE, VIEW, defop, slots
+from ..rules import op
 from ..status import OK
 from .common import graph_of, need_tensor, normalize_axis
 
 
-RESHAPE, TRANSPOSE, CONCAT, SLICE, PAD = 32, 33, 34, 35, 36
+class TransposeIP(IntEnum):     # output axis d is source axis axis<d> (padded)
+    axis0 = 0
+    axis1 = 1
+    axis2 = 2
+    axis3 = 3
 
 
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64, i64, i64))
-def axis_node(G, st, op, a, like, axis, start, n, k):
-    """A slice or pad gradient node along padded ``axis`` from ``start``."""
-    t = new_node(G, st, op, a, -1, like, F_GRAD, n, k)
-    G.ip[t, 0] = axis
-    G.ip[t, 1] = start
-    return t
+class ConcatIP(IntEnum):
+    axis = 0                    # padded
+
+
+class SliceIP(IntEnum):
+    axis = 0                    # padded
+    start = 1
+
+
+class PadIP(IntEnum):
+    axis = 0                    # padded
+    before = 1                  # zeros before the source's first element along axis
+
+
+def _inverse_permutation(perm):
+    """In a rule: the slots of the transpose that undoes ``perm`` (four scalars)."""
+    return {f"axis{j}": sum(d * (p == j) for d, p in enumerate(perm)) for j in range(MAX_DIMS)}
 
 
 # ---- reshape: a view ------------------------------------------------------------------------------
@@ -56,12 +70,8 @@ def reshape(t: Tensor, shape: Union[int, Sequence[int]]) -> Tensor:
     return t.graph._node(RESHAPE, (t.id,), new)
 
 
-def _vjp_reshape(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return grad_node(G, st, RESHAPE, g, -1, G.src[n, 0], n, k)
-
-
-defop(RESHAPE, "reshape", reshape, None, _vjp_reshape, arity=1, kind=VIEW, cost=FREE, flops=0)
+defop(RESHAPE, "reshape", reshape, None, arity=1, kind=VIEW, cost=FREE, flops=0,
+      vjp=lambda g, x: op.reshape(g, like=x))
 
 
 # ---- transpose ------------------------------------------------------------------------------------
@@ -86,7 +96,7 @@ def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
         return reshape(t, shape)
     off = MAX_DIMS - nd
     perm = tuple(range(off)) + tuple(a + off for a in norm)
-    return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)
+    return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)        # TransposeIP's slots in order
 
 
 @njit(cache=True, error_model="numpy")
@@ -122,15 +132,9 @@ def _run_transpose(n, lo, hi, ctx, mem, store):
     return transpose_kernel(output(v, n), operand(v, n, 0), v.shape[v.src[n, 0]], v.ip[n], lo, hi)
 
 
-def _vjp_transpose(n, k, g, ctx):              # the inverse permutation
-    G, st = rule_view(ctx)
-    t = grad_node(G, st, TRANSPOSE, g, -1, G.src[n, 0], n, k)
-    for d in range(MAX_DIMS):
-        G.ip[t, G.ip[n, d]] = d
-    return t
-
-
-defop(TRANSPOSE, "transpose", transpose, _run_transpose, _vjp_transpose, arity=1, split=ROWS)
+defop(TRANSPOSE, "transpose", transpose, _run_transpose, arity=1, split=ROWS, ip=TransposeIP,
+      vjp=lambda g, x, axis0, axis1, axis2, axis3: op.transpose(g, like=x, **_inverse_permutation(
+          (axis0, axis1, axis2, axis3))))
 
 
 # ---- concat ---------------------------------------------------------------------------------------
@@ -163,7 +167,7 @@ def _concat_node(g, ts, ax):
         return ts[0]
     shape = list(ts[0].shape)
     shape[ax] = sum(t.shape[ax] for t in ts)
-    return g._node(CONCAT, tuple(t.id for t in ts), tuple(shape), ip=(ax + MAX_DIMS - ts[0].ndim,))
+    return g._node(CONCAT, tuple(t.id for t in ts), tuple(shape), ip=slots(ConcatIP, axis=ax + MAX_DIMS - ts[0].ndim))
 
 
 @njit(cache=True, error_model="numpy")
@@ -193,7 +197,7 @@ def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _concat(v, n):
     out = output(v, n)
-    axis = v.ip[n, 0]
+    axis = v.ip[n, ConcatIP.axis]
     outer, inner = outer_inner(v.shape[n], axis)
     total = v.shape[n, axis] * inner
     start = 0
@@ -211,16 +215,10 @@ def _run_concat(n, lo, hi, ctx, mem, store):
     return _concat(run_view(ctx, mem, store), n)
 
 
-def _vjp_concat(n, k, g, ctx):                 # this source's slice of g
-    G, st = rule_view(ctx)
-    axis = G.ip[n, 0]
-    start = 0
-    for i in range(k):
-        start += G.shape[G.src[n, i], axis]
-    return axis_node(G, st, SLICE, g, G.src[n, k], axis, start, n, k)
-
-
-defop(CONCAT, "concat", concat, _run_concat, _vjp_concat, arity=-1)
+defop(CONCAT, "concat", concat, _run_concat, arity=-1, ip=ConcatIP,          # each source's slice of g
+      vjp=lambda g, x0, x1, x2, x3, axis: tuple(
+          op.slice(g, like=x, axis=axis, start=sum(t.shape[axis] for t in (x0, x1, x2)[:k]))
+          for k, x in enumerate((x0, x1, x2, x3))))
 
 
 # ---- slice ----------------------------------------------------------------------------------------
@@ -244,15 +242,15 @@ def slice_axis(t: Tensor, axis: int, start: int, stop: int) -> Tensor:
         return t
     shape = list(t.shape)
     shape[ax] = stop - start
-    return t.graph._node(SLICE, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, start))
+    return t.graph._node(SLICE, (t.id,), tuple(shape), ip=slots(SliceIP, axis=ax + MAX_DIMS - t.ndim, start=start))
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _slice(v, n):
-    axis = v.ip[n, 0]
+    axis = v.ip[n, SliceIP.axis]
     outer, inner = outer_inner(v.shape[n], axis)
     run = v.shape[n, axis] * inner
-    block_copy(output(v, n), run, 0, operand(v, n, 0), v.shape[v.src[n, 0], axis] * inner, v.ip[n, 1] * inner,
+    block_copy(output(v, n), run, 0, operand(v, n, 0), v.shape[v.src[n, 0], axis] * inner, v.ip[n, SliceIP.start] * inner,
                outer, run)
     return OK
 
@@ -261,12 +259,8 @@ def _run_slice(n, lo, hi, ctx, mem, store):
     return _slice(run_view(ctx, mem, store), n)
 
 
-def _vjp_slice(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return axis_node(G, st, PAD, g, G.src[n, 0], G.ip[n, 0], G.ip[n, 1], n, k)
-
-
-defop(SLICE, "slice", slice_axis, _run_slice, _vjp_slice, arity=1)
+defop(SLICE, "slice", slice_axis, _run_slice, arity=1, ip=SliceIP,
+      vjp=lambda g, x, axis, start: op.pad(g, like=x, axis=axis, before=start))
 
 
 # ---- pad: slice's adjoint -------------------------------------------------------------------------
@@ -282,18 +276,18 @@ def pad_axis(t: Tensor, axis: int, before: int, after: int) -> Tensor:
         return t
     shape = list(t.shape)
     shape[ax] += int(before) + int(after)
-    return t.graph._node(PAD, (t.id,), tuple(shape), ip=(ax + MAX_DIMS - t.ndim, int(before)))
+    return t.graph._node(PAD, (t.id,), tuple(shape), ip=slots(PadIP, axis=ax + MAX_DIMS - t.ndim, before=int(before)))
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _pad(v, n):
     out = output(v, n)
-    axis = v.ip[n, 0]
+    axis = v.ip[n, PadIP.axis]
     outer, inner = outer_inner(v.shape[n], axis)
     for i in range(out.size):
         out[i] = 0.0
     run = v.shape[v.src[n, 0], axis] * inner
-    block_copy(out, v.shape[n, axis] * inner, v.ip[n, 1] * inner, operand(v, n, 0), run, 0, outer, run)
+    block_copy(out, v.shape[n, axis] * inner, v.ip[n, PadIP.before] * inner, operand(v, n, 0), run, 0, outer, run)
     return OK
 
 
@@ -301,9 +295,5 @@ def _run_pad(n, lo, hi, ctx, mem, store):
     return _pad(run_view(ctx, mem, store), n)
 
 
-def _vjp_pad(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return axis_node(G, st, SLICE, g, G.src[n, 0], G.ip[n, 0], G.ip[n, 1], n, k)
-
-
-defop(PAD, "pad", pad_axis, _run_pad, _vjp_pad, arity=1)
+defop(PAD, "pad", pad_axis, _run_pad, arity=1, ip=PadIP,
+      vjp=lambda g, x, axis, before: op.slice(g, like=x, axis=axis, start=before))

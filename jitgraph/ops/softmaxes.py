@@ -10,31 +10,35 @@ The gradients are one node each -- ``softmax_d(g, y) = y (g - sum(g y))``,
 ``(softmax(x) sum(t) - t) g / rows`` -- with their own rules, so second order
 still works.
 """
+from enum import IntEnum
 from typing import Optional, Union
 
 import numpy as np
 from numba import njit
 
-from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Operand, Tensor
 from ..ir import F_INDEX, MAX_DIMS
-from ..native import RUN_DETAIL, RUN_EXTENT, operand, output, rule_view, run_view, span
-from ..registry import COMPUTE, CUSTOM, ROWS, defop
-from ..status import ERR_INDEX, NO_CONTRIBUTION, OK
+from ..native import RUN_DETAIL, RUN_EXTENT, operand, output, run_view, span
+from ..registry import (COMPUTE, CROSS_ENTROPY, CROSS_ENTROPY_D, CROSS_ENTROPY_INDEX, CROSS_ENTROPY_INDEX_D, CUSTOM,
+                        LOG_SOFTMAX, LOG_SOFTMAX_D, ROWS, SOFTMAX, SOFTMAX_D, defop, slots)
+from ..rules import op
+from ..status import ERR_INDEX, OK
 from .. import vmath
 from ..vmath import dot8, in_dtype_of, max8, sum8
-from .binary import MUL, SUB, scaled
 from .common import as_tensor, graph_of, need_pair, need_tensor, normalize_axis
 from .gather import MAX_EXACT_INDEX
-from .reduce import SUM, row_reduce
+from .reduce import rowsum
 from .shape import outer_inner
-from .unary import EXP
 
 
-SOFTMAX, LOG_SOFTMAX, CROSS_ENTROPY = 38, 39, 40
-SOFTMAX_D, LOG_SOFTMAX_D = 49, 50
-CROSS_ENTROPY_D, CROSS_ENTROPY_INDEX, CROSS_ENTROPY_INDEX_D = 53, 54, 55
+class AxisIP(IntEnum):           # softmax, log_softmax and their gradients
+    axis = 0                     # padded
+
+
+class IgnoreIP(IntEnum):         # cross_entropy_index and its gradient
+    has_ignore = 0               # 1: rows whose class is ignore_index are left out
+    ignore_index = 1
 
 
 # ---- the family's calling convention ------------------------------------------------------------
@@ -43,7 +47,7 @@ def _along_axis(code: int, what: str, t: Tensor, axis: int) -> Tensor:
     if t.ndim == 0:
         raise GraphError(f"{what} of {t.label!r}: needs at least 1 dim")
     ax = normalize_axis(axis, t.ndim, f"{what} of {t.label!r}")
-    return t.graph._node(code, (t.id,), t.shape, ip=(ax + MAX_DIMS - t.ndim,))
+    return t.graph._node(code, (t.id,), t.shape, ip=slots(AxisIP, axis=ax + MAX_DIMS - t.ndim))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -51,7 +55,7 @@ def lines(v, n, lo, hi):
     """(first line, end line, line length, stride) of node n's units [lo, hi); lo is -1
     after reporting the number of lines, when asked (lo < 0)."""
     sx = v.shape[n]
-    axis = v.ip[n, 0]
+    axis = v.ip[n, AxisIP.axis]
     outer, inner = outer_inner(sx, axis)
     if lo < 0:
         v.ctx[RUN_EXTENT] = outer * inner
@@ -143,36 +147,23 @@ def _run_softmax(n, lo, hi, ctx, mem, store):
     return _softmax(run_view(ctx, mem, store), n, lo, hi, False)
 
 
-def _vjp_softmax(n, k, g, ctx):                # y (g - sum(g y)): one fused node
-    G, st = rule_view(ctx)
-    t = grad_node(G, st, SOFTMAX_D, g, n, n, n, k)
-    G.ip[t, 0] = G.ip[n, 0]
-    return t
-
-
-defop(SOFTMAX, "softmax", softmax, _run_softmax, _vjp_softmax, arity=1, cost=COMPUTE, flops=12, split=CUSTOM)
+defop(SOFTMAX, "softmax", softmax, _run_softmax, arity=1, cost=COMPUTE, flops=12, split=CUSTOM, ip=AxisIP,
+      vjp=lambda g, out, axis: op.softmax_d(g, out, like=out, axis=axis))        # y (g - sum(g y)): one node
 
 
 def _run_log_softmax(n, lo, hi, ctx, mem, store):
     return _softmax(run_view(ctx, mem, store), n, lo, hi, True)
 
 
-def _vjp_log_softmax(n, k, g, ctx):            # g - exp(y) sum(g): one fused node
-    G, st = rule_view(ctx)
-    t = grad_node(G, st, LOG_SOFTMAX_D, g, n, n, n, k)
-    G.ip[t, 0] = G.ip[n, 0]
-    return t
-
-
-defop(LOG_SOFTMAX, "log_softmax", log_softmax, _run_log_softmax, _vjp_log_softmax, arity=1, cost=COMPUTE,
-      flops=12, split=CUSTOM)
+defop(LOG_SOFTMAX, "log_softmax", log_softmax, _run_log_softmax, arity=1, cost=COMPUTE, flops=12, split=CUSTOM,
+      ip=AxisIP, vjp=lambda g, out, axis: op.log_softmax_d(g, out, like=out, axis=axis))   # g - exp(y) sum(g)
 
 
 # ---- their gradients -------------------------------------------------------------------------------
 def _grad_pair(code: int, what: str, g: Tensor, y: Tensor, axis: int) -> Tensor:
     g, y = need_pair(what, g, y)
     ax = normalize_axis(axis, y.ndim, f"{what} of {y.label!r}")
-    return g.graph._node(code, (g.id, y.id), y.shape, ip=(ax + MAX_DIMS - y.ndim,))
+    return g.graph._node(code, (g.id, y.id), y.shape, ip=slots(AxisIP, axis=ax + MAX_DIMS - y.ndim))
 
 
 def softmax_d(g: Tensor, y: Tensor, axis: int = -1) -> Tensor:
@@ -224,48 +215,28 @@ def _run_softmax_d(n, lo, hi, ctx, mem, store):
     return _softmax_d(run_view(ctx, mem, store), n, lo, hi, False)
 
 
-def _vjp_softmax_d(n, k, g, ctx):
-    """out = y (a - s), a the incoming gradient, s = sum(a y).  Through a: softmax_d(h, y);
-    through y: h (a - s) - a sum(h y)."""
-    G, st = rule_view(ctx)
-    a = G.src[n, 0]
-    y = G.src[n, 1]
-    axis = G.ip[n, 0]
-    if k == 0:
-        t = grad_node(G, st, SOFTMAX_D, g, y, n, n, k)
-        G.ip[t, 0] = axis
-        return t
-    s = row_reduce(G, st, SUM, grad_node(G, st, MUL, a, y, n, n, k), n, axis, n, k)
-    hy = row_reduce(G, st, SUM, grad_node(G, st, MUL, g, y, n, n, k), n, axis, n, k)
-    left = grad_node(G, st, MUL, g, grad_node(G, st, SUB, a, s, n, n, k), n, n, k)
-    return grad_node(G, st, SUB, left, grad_node(G, st, MUL, a, hy, n, n, k), n, n, k)
+def _softmax_d_vjp(h, g, y, axis):
+    """out = y (g - s), s = sum(g y): through g, softmax_d(h, y); through y, h (g - s) - g sum(h y)."""
+    s = rowsum(g * y, y, axis)
+    hy = rowsum(h * y, y, axis)
+    return op.softmax_d(h, y, like=y, axis=axis), h * (g - s) - g * hy
 
 
-defop(SOFTMAX_D, "softmax_d", softmax_d, _run_softmax_d, _vjp_softmax_d, arity=2, cost=COMPUTE, flops=4,
-      split=CUSTOM, public=False)
+defop(SOFTMAX_D, "softmax_d", softmax_d, _run_softmax_d, _softmax_d_vjp, arity=2, cost=COMPUTE, flops=4,
+      split=CUSTOM, public=False, sources=("g", "y"), ip=AxisIP)
 
 
 def _run_log_softmax_d(n, lo, hi, ctx, mem, store):
     return _softmax_d(run_view(ctx, mem, store), n, lo, hi, True)
 
 
-def _vjp_log_softmax_d(n, k, g, ctx):
-    """out = a - exp(y) sum(a).  Through a: h - sum(h exp(y)); through y: -h exp(y) sum(a)."""
-    G, st = rule_view(ctx)
-    a = G.src[n, 0]
-    y = G.src[n, 1]
-    axis = G.ip[n, 0]
-    e = grad_node(G, st, EXP, y, -1, y, n, k)
-    if k == 0:
-        t = row_reduce(G, st, SUM, grad_node(G, st, MUL, g, e, n, n, k), n, axis, n, k)
-        return grad_node(G, st, SUB, g, t, n, n, k)
-    t = grad_node(G, st, MUL, g, e, n, n, k)
-    t = grad_node(G, st, MUL, t, row_reduce(G, st, SUM, a, n, axis, n, k), n, n, k)
-    return scaled(G, st, t, -1.0, n, k)
+def _log_softmax_d_vjp(h, g, y, axis):
+    """out = g - exp(y) sum(g): through g, h - sum(h exp(y)); through y, -h exp(y) sum(g)."""
+    return h - rowsum(h * op.exp(y), y, axis), -1.0 * (h * op.exp(y) * rowsum(g, y, axis))
 
 
-defop(LOG_SOFTMAX_D, "log_softmax_d", log_softmax_d, _run_log_softmax_d, _vjp_log_softmax_d, arity=2,
-      cost=COMPUTE, flops=10, split=CUSTOM, public=False)
+defop(LOG_SOFTMAX_D, "log_softmax_d", log_softmax_d, _run_log_softmax_d, _log_softmax_d_vjp, arity=2,
+      cost=COMPUTE, flops=10, split=CUSTOM, public=False, sources=("g", "y"), ip=AxisIP)
 
 
 # ---- cross_entropy --------------------------------------------------------------------------------
@@ -315,21 +286,18 @@ def _run_cross_entropy(n, lo, hi, ctx, mem, store):
     return cross_entropy_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[v.src[n, 0], 3])
 
 
-def _vjp_cross_entropy(n, k, g, ctx):          # one fused node ;  -log_softmax(l) g / rows
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    if k == 0:
-        d = grad_node(G, st, CROSS_ENTROPY_D, x, G.src[n, 1], x, n, k)
-        G.src[d, 2] = g
-        return d
-    rows = G.shape[x, 0] * G.shape[x, 1] * G.shape[x, 2]
-    s = grad_node(G, st, LOG_SOFTMAX, x, -1, x, n, k)
-    G.ip[s, 0] = 3
-    return grad_node(G, st, MUL, s, scaled(G, st, g, -1.0 / rows, n, k), x, n, k)
+def _rows(x):
+    """In a rule: the number of rows of x (every axis but the last)."""
+    return x.shape[0] * x.shape[1] * x.shape[2]
 
 
-defop(CROSS_ENTROPY, "cross_entropy", cross_entropy, _run_cross_entropy, _vjp_cross_entropy, arity=2,
-      cost=COMPUTE, flops=12)
+def _cross_entropy_vjp(g, x, t):
+    """loss = -mean over rows of sum(t log_softmax(x)): one fused node for x; -log_softmax(x) g / rows for t."""
+    return op.cross_entropy_d(x, t, g, like=x), op.log_softmax(x, like=x, axis=3) * ((-1.0 / _rows(x)) * g)
+
+
+defop(CROSS_ENTROPY, "cross_entropy", cross_entropy, _run_cross_entropy, _cross_entropy_vjp, arity=2,
+      cost=COMPUTE, flops=12, sources=("x", "t"))
 
 
 # ---- cross_entropy's gradient ----------------------------------------------------------------------
@@ -371,33 +339,21 @@ def _run_cross_entropy_d(n, lo, hi, ctx, mem, store):
     return cross_entropy_d_rows(out, operand(v, n, 0), operand(v, n, 1), in_dtype_of(out, g[0] / rows), c, lo, hi)
 
 
-def _vjp_cross_entropy_d(n, k, h, ctx):
+def _cross_entropy_d_vjp(h, x, t, g):
     """out = c (s T - t), s = softmax(x), T = sum(t) per row, c = g / rows.  Through x:
-    c T softmax_d(h, s); through t: c (sum(h s) - h); through g: sum(h (s T - t)) / rows
-    (the backward pass sums it down to g's shape)."""
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    t = G.src[n, 1]
-    g = G.src[n, 2]
-    rows = G.shape[x, 0] * G.shape[x, 1] * G.shape[x, 2]
-    s = grad_node(G, st, SOFTMAX, x, -1, x, n, k)
-    G.ip[s, 0] = 3
-    if k == 1:
-        hs = row_reduce(G, st, SUM, grad_node(G, st, MUL, h, s, x, n, k), x, 3, n, k)
-        return grad_node(G, st, MUL, grad_node(G, st, SUB, hs, h, x, n, k), scaled(G, st, g, 1.0 / rows, n, k),
-                         x, n, k)
-    total = row_reduce(G, st, SUM, t, x, 3, n, k)
-    if k == 0:
-        sd = grad_node(G, st, SOFTMAX_D, h, s, x, n, k)
-        G.ip[sd, 0] = 3
-        return grad_node(G, st, MUL, grad_node(G, st, MUL, sd, total, x, n, k), scaled(G, st, g, 1.0 / rows, n, k),
-                         x, n, k)
-    d = grad_node(G, st, SUB, grad_node(G, st, MUL, s, total, x, n, k), t, x, n, k)
-    return scaled(G, st, grad_node(G, st, MUL, h, d, x, n, k), 1.0 / rows, n, k)
+    c T softmax_d(h, s); through t: c (sum(h s) - h); through g: sum(h (s T - t)) / rows (the
+    backward pass sums it down to g's shape).  Each recomputes s (and T) for itself."""
+    c = 1.0 / _rows(x)
+    s, total = op.softmax(x, like=x, axis=3), rowsum(t, x, 3)
+    dx = op.softmax_d(h, s, like=x, axis=3) * total * (c * g)
+    s = op.softmax(x, like=x, axis=3)
+    dt = (rowsum(h * s, x, 3) - h) * (c * g)
+    s, total = op.softmax(x, like=x, axis=3), rowsum(t, x, 3)
+    return dx, dt, c * (h * (s * total - t))
 
 
-defop(CROSS_ENTROPY_D, "cross_entropy_d", cross_entropy_d, _run_cross_entropy_d, _vjp_cross_entropy_d, arity=3,
-      cost=COMPUTE, flops=14, split=ROWS, public=False)
+defop(CROSS_ENTROPY_D, "cross_entropy_d", cross_entropy_d, _run_cross_entropy_d, _cross_entropy_d_vjp, arity=3,
+      cost=COMPUTE, flops=14, split=ROWS, public=False, sources=("x", "t", "g"))
 
 
 # ---- cross_entropy with integer class targets -------------------------------------------------------
@@ -428,10 +384,10 @@ def _class_targets(g, lg: Tensor, targets, ignore_index, what: str) -> Tensor:
 
 def _ignore_params(ignore_index) -> tuple:
     if ignore_index is None:
-        return (0, 0)
+        return slots(IgnoreIP, has_ignore=0)
     if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
         raise GraphError(f"cross_entropy: ignore_index must be an int or None, got {ignore_index!r}")
-    return (1, int(ignore_index))
+    return slots(IgnoreIP, has_ignore=1, ignore_index=int(ignore_index))
 
 
 def is_class_targets(g, lg: Tensor, targets) -> bool:
@@ -501,27 +457,17 @@ def cross_entropy_index_kernel(out, x, idx, c, has_ignore, ignore):
 def _run_cross_entropy_index(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     bad = cross_entropy_index_kernel(output(v, n), operand(v, n, 0), operand(v, n, 1), v.shape[v.src[n, 0], 3],
-                                     v.ip[n, 0], v.ip[n, 1])
+                                     v.ip[n, IgnoreIP.has_ignore], v.ip[n, IgnoreIP.ignore_index])
     if bad >= 0:
         v.ctx[RUN_DETAIL] = bad
         return ERR_INDEX
     return OK
 
 
-def _vjp_cross_entropy_index(n, k, g, ctx):    # one fused node; the class ids get no gradient
-    if k != 0:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    d = grad_node(G, st, CROSS_ENTROPY_INDEX_D, x, G.src[n, 1], x, n, k)
-    G.src[d, 2] = g
-    G.ip[d, 0] = G.ip[n, 0]
-    G.ip[d, 1] = G.ip[n, 1]
-    return d
-
-
-defop(CROSS_ENTROPY_INDEX, "cross_entropy_index", cross_entropy_index, _run_cross_entropy_index,
-      _vjp_cross_entropy_index, arity=2, cost=COMPUTE, flops=12, public=False)
+defop(CROSS_ENTROPY_INDEX, "cross_entropy_index", cross_entropy_index, _run_cross_entropy_index, arity=2,
+      cost=COMPUTE, flops=12, public=False, sources=("x", "classes"), ip=IgnoreIP,    # the class ids get no gradient
+      vjp=lambda g, x, classes, has_ignore, ignore_index: (op.cross_entropy_index_d(
+          x, classes, g, like=x, has_ignore=has_ignore, ignore_index=ignore_index), None))
 
 
 def cross_entropy_index_d(logits: Tensor, targets: Union[Tensor, np.ndarray], g: Tensor,
@@ -569,8 +515,8 @@ def _run_cross_entropy_index_d(n, lo, hi, ctx, mem, store):
     out = output(v, n)
     c = v.shape[n, 3]
     lo, hi = span(lo, hi, out.size // c)
-    bad = cross_entropy_index_d_rows(out, operand(v, n, 0), operand(v, n, 1), operand(v, n, 2)[0], c, v.ip[n, 0],
-                                     v.ip[n, 1], lo, hi)
+    bad = cross_entropy_index_d_rows(out, operand(v, n, 0), operand(v, n, 1), operand(v, n, 2)[0], c,
+                                     v.ip[n, IgnoreIP.has_ignore], v.ip[n, IgnoreIP.ignore_index], lo, hi)
     if bad >= 0:
         v.ctx[RUN_DETAIL] = bad
         return ERR_INDEX
@@ -578,4 +524,4 @@ def _run_cross_entropy_index_d(n, lo, hi, ctx, mem, store):
 
 
 defop(CROSS_ENTROPY_INDEX_D, "cross_entropy_index_d", cross_entropy_index_d, _run_cross_entropy_index_d, arity=3,
-      cost=COMPUTE, flops=14, split=ROWS, public=False)
+      cost=COMPUTE, flops=14, split=ROWS, public=False, ip=IgnoreIP)

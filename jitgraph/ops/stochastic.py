@@ -5,20 +5,27 @@ mask_id is the node's stable id.  A recomputed copy or a gradient carries the sa
 (seed, mask_id), so it sees the same mask -- no RNG state to save or restore.
 """
 import numbers
+from enum import IntEnum
 
 import numpy as np
 from numba import njit
 
-from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import operand, output, rule_view, run_view, span
-from ..registry import ELEMENTWISE, defop
+from ..native import operand, output, run_view, span
+from ..registry import DROPOUT, ELEMENTWISE, defop, slots
+from ..rules import op
 from ..status import OK
 from .common import need_tensor
 
 
-DROPOUT = 44
+class DropoutIP(IntEnum):
+    seed = 0
+    mask_id = 1              # the mask's identity: the node's id (a recomputed copy or a gradient keeps it)
+
+
+class DropoutFP(IntEnum):
+    p = 0
 
 
 def dropout(t: Tensor, p: float, seed: int = 0) -> Tensor:
@@ -36,11 +43,9 @@ def dropout(t: Tensor, p: float, seed: int = 0) -> Tensor:
         raise GraphError(f"dropout of {t.label!r}: seed must be an int, got {seed!r}")
     if p == 0.0:
         return t
-    out = t.graph._node(DROPOUT, (t.id,), t.shape, fp=(float(p),))
-    ip = t.graph.nodes.ip
-    ip[out.id, 0] = int(seed) & 0x7FFFFFFFFFFFFFFF
-    ip[out.id, 1] = out.id                      # the mask's identity: this node
-    return out
+    n = t.graph.nodes.n                         # the node about to be made: the mask's identity
+    return t.graph._node(DROPOUT, (t.id,), t.shape, fp=slots(DropoutFP, p=float(p)),
+                         ip=slots(DropoutIP, seed=int(seed) & 0x7FFFFFFFFFFFFFFF, mask_id=n))
 
 
 @njit(cache=True)
@@ -83,16 +88,9 @@ def _run_dropout(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
-    return dropout_kernel(out, operand(v, n, 0), v.fp[n, 0], v.ip[n, 0] + v.salt, v.ip[n, 1], lo, hi)
+    return dropout_kernel(out, operand(v, n, 0), v.fp[n, DropoutFP.p], v.ip[n, DropoutIP.seed] + v.salt,
+                          v.ip[n, DropoutIP.mask_id], lo, hi)
 
 
-def _vjp_dropout(n, k, g, ctx):                # the same mask: same (seed, mask id)
-    G, st = rule_view(ctx)
-    t = grad_node(G, st, DROPOUT, g, -1, g, n, k)
-    G.ip[t, 0] = G.ip[n, 0]
-    G.ip[t, 1] = G.ip[n, 1]
-    G.fp[t, 0] = G.fp[n, 0]
-    return t
-
-
-defop(DROPOUT, "dropout", dropout, _run_dropout, _vjp_dropout, arity=1, kind=ELEMENTWISE, flops=4)
+defop(DROPOUT, "dropout", dropout, _run_dropout, arity=1, kind=ELEMENTWISE, flops=4, ip=DropoutIP, fp=DropoutFP,
+      vjp=lambda g, out: op.dropout(g, params_from=out))      # the same mask: the same (seed, mask id) and p

@@ -12,26 +12,26 @@ from numba import njit
 
 from .. import vmath
 
-from ..emit import grad_node, grad_node_fp
+from enum import IntEnum
+
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import operand, output, rule_view, run_view, same_data, span
-from ..registry import ELEMENTWISE, ZERO_GRAD, defop
-from ..status import NO_CONTRIBUTION, OK
-from .binary import AFFINE, DIV, MUL
+from ..native import operand, output, run_view, same_data, span
+from ..registry import (ABS, COPY, ELEMENTWISE, EXP, GELU, GELU_D, GELU_DD, LEAKY_RELU, LOG, NEG, RELU, RELU_D, SIGMOID,
+                        SIGN, SILU, SILU_D, SILU_DD, SQR, SQRT, STEP, TANH, ZERO_GRAD, defop, slots)
+from ..rules import op
+from ..status import OK
 from ..vmath import like
 from .common import is_scalar, need_pair, need_tensor
 
 
-NEG = 8
-SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = range(10, 21)
-STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD = range(21, 27)
-LEAKY_RELU = 48
-RELU_D = 88
+class LeakyReluFP(IntEnum):
+    slope = 0
 
 
 # ---- the family's calling convention ------------------------------------------------------------
 def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
+    """The node ``code(t)``; ``fp``: its float parameters, in its declaration's slot order."""
     t = need_tensor(t, what)
     return t.graph._node(code, (t.id,), t.shape, fp=fp)
 
@@ -45,8 +45,8 @@ def unary(v, n, f, lo, hi):
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                    # slices indexed from 0: no wraparound test, so the loops vectorize
     x = operand(v, n, 0)[lo:hi]
-    p0 = v.fp[n, 0]
-    p1 = v.fp[n, 1]
+    p0 = v.fp[n, 0]                   # the family's convention: an element function takes the node's two
+    p1 = v.fp[n, 1]                   # float parameters in slot order (its op's fp declaration names them)
     if same_data(y, x):               # in place: one array, or LLVM's overlap check picks its scalar loop
         for i in range(y.size):
             y[i] = f(y[i], p0, p1)
@@ -54,12 +54,6 @@ def unary(v, n, f, lo, hi):
         for i in range(y.size):
             y[i] = f(x[i], p0, p1)
     return OK
-
-
-@njit(cache=True)
-def times_derivative(G, st, g, d_op, d_src, n, k):
-    """g * d_op(d_src): a gradient through a derivative op of the same shape."""
-    return grad_node(G, st, MUL, g, grad_node(G, st, d_op, d_src, -1, d_src, n, k), n, n, k)
 
 
 # ---- neg ------------------------------------------------------------------------------------------
@@ -77,12 +71,8 @@ def _run_neg(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _neg, lo, hi)
 
 
-def _vjp_neg(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return grad_node(G, st, NEG, g, -1, g, n, k)
-
-
-defop(NEG, "neg", neg, _run_neg, _vjp_neg, arity=1, kind=ELEMENTWISE)
+defop(NEG, "neg", neg, _run_neg, arity=1, kind=ELEMENTWISE,
+      vjp=lambda g: -g)
 
 
 # ---- sqr ------------------------------------------------------------------------------------------
@@ -100,13 +90,8 @@ def _run_sqr(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sqr, lo, hi)
 
 
-def _vjp_sqr(n, k, g, ctx):                    # g * 2x
-    G, st = rule_view(ctx)
-    x = G.src[n, 0]
-    return grad_node(G, st, MUL, g, grad_node_fp(G, st, AFFINE, x, 2.0, 0.0, n, k), n, n, k)
-
-
-defop(SQR, "sqr", sqr, _run_sqr, _vjp_sqr, arity=1, kind=ELEMENTWISE)
+defop(SQR, "sqr", sqr, _run_sqr, arity=1, kind=ELEMENTWISE,
+      vjp=lambda g, x: g * (2.0 * x))
 
 
 # ---- sqrt -----------------------------------------------------------------------------------------
@@ -124,12 +109,8 @@ def _run_sqrt(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sqrt, lo, hi)
 
 
-def _vjp_sqrt(n, k, g, ctx):                   # 0.5 g / out
-    G, st = rule_view(ctx)
-    return grad_node(G, st, DIV, grad_node_fp(G, st, AFFINE, g, 0.5, 0.0, n, k), n, n, n, k)
-
-
-defop(SQRT, "sqrt", sqrt, _run_sqrt, _vjp_sqrt, arity=1, kind=ELEMENTWISE, flops=4)
+defop(SQRT, "sqrt", sqrt, _run_sqrt, arity=1, kind=ELEMENTWISE, flops=4,
+      vjp=lambda g, out: 0.5 * g / out)
 
 
 # ---- exp ------------------------------------------------------------------------------------------
@@ -147,12 +128,8 @@ def _run_exp(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _exp, lo, hi)
 
 
-def _vjp_exp(n, k, g, ctx):                    # g * out
-    G, st = rule_view(ctx)
-    return grad_node(G, st, MUL, g, n, n, n, k)
-
-
-defop(EXP, "exp", exp, _run_exp, _vjp_exp, arity=1, kind=ELEMENTWISE, flops=8)
+defop(EXP, "exp", exp, _run_exp, arity=1, kind=ELEMENTWISE, flops=8,
+      vjp=lambda g, out: g * out)
 
 
 # ---- log ------------------------------------------------------------------------------------------
@@ -170,12 +147,8 @@ def _run_log(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _log, lo, hi)
 
 
-def _vjp_log(n, k, g, ctx):                    # g / x
-    G, st = rule_view(ctx)
-    return grad_node(G, st, DIV, g, G.src[n, 0], n, n, k)
-
-
-defop(LOG, "log", log, _run_log, _vjp_log, arity=1, kind=ELEMENTWISE, flops=8)
+defop(LOG, "log", log, _run_log, arity=1, kind=ELEMENTWISE, flops=8,
+      vjp=lambda g, x: g / x)
 
 
 # ---- abs ------------------------------------------------------------------------------------------
@@ -193,12 +166,8 @@ def _run_abs(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _abs, lo, hi)
 
 
-def _vjp_abs(n, k, g, ctx):                    # g * sign(x); 0 at x = 0
-    G, st = rule_view(ctx)
-    return times_derivative(G, st, g, SIGN, G.src[n, 0], n, k)
-
-
-defop(ABS, "abs", abs, _run_abs, _vjp_abs, arity=1, kind=ELEMENTWISE)
+defop(ABS, "abs", abs, _run_abs, arity=1, kind=ELEMENTWISE,
+      vjp=lambda g, x: g * op.sign(x))
 
 
 # ---- relu -----------------------------------------------------------------------------------------
@@ -216,12 +185,8 @@ def _run_relu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _relu, lo, hi)
 
 
-def _vjp_relu(n, k, g, ctx):                   # g * [out > 0]: reads the output, so x can die
-    G, st = rule_view(ctx)
-    return grad_node(G, st, RELU_D, g, n, n, n, k)
-
-
-defop(RELU, "relu", relu, _run_relu, _vjp_relu, arity=1, kind=ELEMENTWISE)
+defop(RELU, "relu", relu, _run_relu, arity=1, kind=ELEMENTWISE,
+      vjp=lambda g, out: op.relu_d(g, out))          # g * [out > 0]: reads the output, so x can die
 
 
 # ---- gelu -----------------------------------------------------------------------------------------
@@ -240,12 +205,8 @@ def _run_gelu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu, lo, hi)
 
 
-def _vjp_gelu(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return times_derivative(G, st, g, GELU_D, G.src[n, 0], n, k)
-
-
-defop(GELU, "gelu", gelu, _run_gelu, _vjp_gelu, arity=1, kind=ELEMENTWISE, flops=16)
+defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, flops=16,
+      vjp=lambda g, x: g * op.gelu_d(x))
 
 
 # ---- silu -----------------------------------------------------------------------------------------
@@ -263,12 +224,8 @@ def _run_silu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu, lo, hi)
 
 
-def _vjp_silu(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return times_derivative(G, st, g, SILU_D, G.src[n, 0], n, k)
-
-
-defop(SILU, "silu", silu, _run_silu, _vjp_silu, arity=1, kind=ELEMENTWISE, flops=10)
+defop(SILU, "silu", silu, _run_silu, arity=1, kind=ELEMENTWISE, flops=10,
+      vjp=lambda g, x: g * op.silu_d(x))
 
 
 # ---- tanh -----------------------------------------------------------------------------------------
@@ -286,13 +243,8 @@ def _run_tanh(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _tanh, lo, hi)
 
 
-def _vjp_tanh(n, k, g, ctx):                   # g * (1 - out^2)
-    G, st = rule_view(ctx)
-    t = grad_node(G, st, SQR, n, -1, n, n, k)
-    return grad_node(G, st, MUL, g, grad_node_fp(G, st, AFFINE, t, -1.0, 1.0, n, k), n, n, k)
-
-
-defop(TANH, "tanh", tanh, _run_tanh, _vjp_tanh, arity=1, kind=ELEMENTWISE, flops=10)
+defop(TANH, "tanh", tanh, _run_tanh, arity=1, kind=ELEMENTWISE, flops=10,
+      vjp=lambda g, out: g * (1.0 - op.sqr(out)))
 
 
 # ---- sigmoid --------------------------------------------------------------------------------------
@@ -310,13 +262,8 @@ def _run_sigmoid(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sigmoid, lo, hi)
 
 
-def _vjp_sigmoid(n, k, g, ctx):                # g * out (1 - out)
-    G, st = rule_view(ctx)
-    t = grad_node(G, st, MUL, n, grad_node_fp(G, st, AFFINE, n, -1.0, 1.0, n, k), n, n, k)
-    return grad_node(G, st, MUL, g, t, n, n, k)
-
-
-defop(SIGMOID, "sigmoid", sigmoid, _run_sigmoid, _vjp_sigmoid, arity=1, kind=ELEMENTWISE, flops=10)
+defop(SIGMOID, "sigmoid", sigmoid, _run_sigmoid, arity=1, kind=ELEMENTWISE, flops=10,
+      vjp=lambda g, out: g * (out * (1.0 - out)))
 
 
 # ---- copy -----------------------------------------------------------------------------------------
@@ -334,11 +281,8 @@ def _run_copy(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _copy, lo, hi)
 
 
-def _vjp_copy(n, k, g, ctx):
-    return g
-
-
-defop(COPY, "copy", copy, _run_copy, _vjp_copy, arity=1, kind=ELEMENTWISE)
+defop(COPY, "copy", copy, _run_copy, arity=1, kind=ELEMENTWISE,
+      vjp=lambda g: g)
 
 
 # ---- derivative ops (appended by the rules above) -------------------------------------------------
@@ -395,14 +339,8 @@ def _run_relu_d(n, lo, hi, ctx, mem, store):
     return times(run_view(ctx, mem, store), n, _step, lo, hi)
 
 
-def _vjp_relu_d(n, k, g, ctx):                 # linear in g; step's own derivative is 0
-    if k == 1:
-        return NO_CONTRIBUTION
-    G, st = rule_view(ctx)
-    return grad_node(G, st, RELU_D, g, G.src[n, 1], n, n, k)
-
-
-defop(RELU_D, "relu_d", relu_d, _run_relu_d, _vjp_relu_d, arity=2, kind=ELEMENTWISE, public=False)
+defop(RELU_D, "relu_d", relu_d, _run_relu_d, arity=2, kind=ELEMENTWISE, public=False, sources=("g", "y"),
+      vjp=lambda h, y: (op.relu_d(h, y), None))          # linear in g; step's own derivative is 0
 
 
 def sign(t: Tensor) -> Tensor:
@@ -438,12 +376,8 @@ def _run_gelu_d(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu_d, lo, hi)
 
 
-def _vjp_gelu_d(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return times_derivative(G, st, g, GELU_DD, G.src[n, 0], n, k)
-
-
-defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, _vjp_gelu_d, arity=1, kind=ELEMENTWISE, flops=16, public=False)
+defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, arity=1, kind=ELEMENTWISE, flops=16, public=False,
+      vjp=lambda g, x: g * op.gelu_dd(x))
 
 
 def gelu_dd(t: Tensor) -> Tensor:
@@ -480,12 +414,8 @@ def _run_silu_d(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu_d, lo, hi)
 
 
-def _vjp_silu_d(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return times_derivative(G, st, g, SILU_DD, G.src[n, 0], n, k)
-
-
-defop(SILU_D, "silu_d", silu_d, _run_silu_d, _vjp_silu_d, arity=1, kind=ELEMENTWISE, flops=12, public=False)
+defop(SILU_D, "silu_d", silu_d, _run_silu_d, arity=1, kind=ELEMENTWISE, flops=12, public=False,
+      vjp=lambda g, x: g * op.silu_dd(x))
 
 
 def silu_dd(t: Tensor) -> Tensor:
@@ -513,7 +443,7 @@ def leaky_relu(t: Tensor, slope: float = 0.01) -> Tensor:
     t = need_tensor(t, "leaky_relu")
     if not is_scalar(slope):
         raise GraphError(f"leaky_relu of {t.label!r}: slope must be a real number, got {slope!r}")
-    return _unary(LEAKY_RELU, "leaky_relu", t, (float(slope),))
+    return _unary(LEAKY_RELU, "leaky_relu", t, slots(LeakyReluFP, slope=float(slope)))
 
 
 @njit(cache=True, error_model="numpy")
@@ -526,11 +456,5 @@ def _run_leaky_relu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _leaky_relu, lo, hi)
 
 
-def _vjp_leaky_relu(n, k, g, ctx):             # g * (slope + (1 - slope) [x > 0])
-    G, st = rule_view(ctx)
-    slope = G.fp[n, 0]
-    d = grad_node(G, st, STEP, G.src[n, 0], -1, n, n, k)
-    return grad_node(G, st, MUL, g, grad_node_fp(G, st, AFFINE, d, 1.0 - slope, slope, n, k), n, n, k)
-
-
-defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, _vjp_leaky_relu, arity=1, kind=ELEMENTWISE, flops=2)
+defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, arity=1, kind=ELEMENTWISE, flops=2, fp=LeakyReluFP,
+      vjp=lambda g, x, slope: g * op.affine(op.step(x), scale=1.0 - slope, shift=slope))

@@ -8,24 +8,37 @@ equal to its stride splits the padded input into stride x stride **phases** (a
 space-to-depth, no copy bigger than the input); any other kernel lays out every window
 (C*kh*kw times the input).  ``col2im`` adds rows back into the (image, channel) planes.
 Units of work are planes (split CUSTOM): a plane is always summed by one thread in one
-fixed order.  ip = (kh, kw, sh, sw, ph, pw, dh, dw).
+fixed order.  Params: WindowsIP (kernel, stride, padding, dilation).
 """
 import numbers
+from enum import IntEnum
 from typing import Any, Sequence, Tuple, Union
 
 from numba import njit
 
-from .._sigs import G as G_T, ST, i64, on_first_use
-from ..emit import grad_node
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import RUN_EXTENT, operand, output, rule_view, run_view, span
-from ..registry import CUSTOM, defop
+from ..native import RUN_EXTENT, operand, output, run_view, span
+from ..registry import COL2IM, CUSTOM, IM2COL, defop, slots
+from ..rules import Sym, either, op
 from ..status import OK
 from .common import need_tensor
 
 
-IM2COL, COL2IM = 81, 82
+class WindowsIP(IntEnum):        # im2col and col2im
+    kernel_h = 0
+    kernel_w = 1
+    stride_h = 2
+    stride_w = 3
+    pad_h = 4
+    pad_w = 5
+    dilation_h = 6
+    dilation_w = 7
+
+
+def _windows_params(k, s, p, d) -> tuple:
+    return slots(WindowsIP, kernel_h=k[0], kernel_w=k[1], stride_h=s[0], stride_w=s[1], pad_h=p[0], pad_w=p[1],
+                 dilation_h=d[0], dilation_w=d[1])
 
 Pair = Union[int, Sequence[int]]
 
@@ -56,7 +69,7 @@ def im2col(x: Tensor, kernel_size: Pair, stride: Pair = 1, padding: Pair = 0, di
     if min(OH, OW) < 1:
         raise GraphError(f"im2col: the kernel {k} (dilation {d}) is larger than the padded input {x.label!r} "
                          f"{x.shape} (padding {p})")
-    return x.graph._node(IM2COL, (x.id,), (N, C * k[0] * k[1], OH, OW), ip=k + s + p + d)
+    return x.graph._node(IM2COL, (x.id,), (N, C * k[0] * k[1], OH, OW), ip=_windows_params(k, s, p, d))
 
 
 def col2im(cols: Tensor, size: Pair, kernel_size: Pair, stride: Pair = 1, padding: Pair = 0,
@@ -72,7 +85,7 @@ def col2im(cols: Tensor, size: Pair, kernel_size: Pair, stride: Pair = 1, paddin
         raise GraphError(f"col2im: windows {cols.label!r} {cols.shape} do not fit a {hw} input with kernel {k}, "
                          f"stride {s}, padding {p}, dilation {d} (expected (N, C*{k[0] * k[1]}, {want[0]}, {want[1]}))")
     N, K = cols.shape[:2]
-    return cols.graph._node(COL2IM, (cols.id,), (N, K // (k[0] * k[1])) + hw, ip=k + s + p + d)
+    return cols.graph._node(COL2IM, (cols.id,), (N, K // (k[0] * k[1])) + hw, ip=_windows_params(k, s, p, d))
 
 
 @njit(cache=True, error_model="numpy")
@@ -87,7 +100,8 @@ def valid_columns(OW, W, sw, off):
 def windows_kernel(cols, x, C, H, W, OH, OW, p, lo, hi, back):
     """im2col (back = False) or col2im (back = True) of planes [lo, hi) ((image, channel) pairs).
     Loops run over slices indexed from 0, which LLVM vectorizes (no negative-index checks)."""
-    kh, kw, sh, sw, ph, pw, dh, dw = p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
+    kh, kw, sh, sw = p[WindowsIP.kernel_h], p[WindowsIP.kernel_w], p[WindowsIP.stride_h], p[WindowsIP.stride_w]
+    ph, pw, dh, dw = p[WindowsIP.pad_h], p[WindowsIP.pad_w], p[WindowsIP.dilation_h], p[WindowsIP.dilation_w]
     if not back and kh * kw * sh * sw == 1 and ph >= 0 and pw >= 0 and OW == W + 2 * pw:    # a zero padding
         for u in range(lo, hi):
             out = cols[u * OH * OW:(u + 1) * OH * OW]
@@ -170,39 +184,15 @@ def _run_col2im(n, lo, hi, ctx, mem, store):
     return _windows(run_view(ctx, mem, store), n, lo, hi, True)
 
 
-@njit(cache=True)
-def windows_node(G, st, op, a, like, p, n, k):
-    """An im2col / col2im node of ``a`` with node p's params, shaped like ``like``."""
-    t = grad_node(G, st, op, a, -1, like, n, k)
-    for q in range(8):
-        G.ip[t, q] = G.ip[p, q]
-    return t
+def pad(a: Sym, ph, pw) -> Sym:
+    """In a rule: a zero-padded by (ph, pw) -- an im2col with a 1x1 kernel -- or a itself when
+    there is no padding."""
+    padded = op.im2col(a, like=a, dims={2: a.shape[2] + 2 * ph, 3: a.shape[3] + 2 * pw}, kernel_h=1, kernel_w=1,
+                       stride_h=1, stride_w=1, pad_h=ph, pad_w=pw, dilation_h=1, dilation_w=1)
+    return either((ph == 0) & (pw == 0), a, padded)
 
 
-def _vjp_im2col(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return windows_node(G, st, COL2IM, g, G.src[n, 0], n, n, k)
-
-
-def _vjp_col2im(n, k, g, ctx):
-    G, st = rule_view(ctx)
-    return windows_node(G, st, IM2COL, g, G.src[n, 0], n, n, k)
-
-
-defop(IM2COL, "im2col", im2col, _run_im2col, _vjp_im2col, arity=1, public=False, split=CUSTOM)
-defop(COL2IM, "col2im", col2im, _run_col2im, _vjp_col2im, arity=1, public=False, split=CUSTOM)
-
-
-@on_first_use(i64(G_T, ST, i64, i64, i64, i64, i64))
-def pad_node(G, st, a, ph, pw, n, k):
-    """a zero-padded by (ph, pw): an im2col with a 1x1 kernel (a itself when there is no padding)."""
-    if ph == 0 and pw == 0:
-        return a
-    t = grad_node(G, st, IM2COL, a, -1, a, n, k)
-    G.shape[t, 2] += 2 * ph
-    G.shape[t, 3] += 2 * pw
-    for q in range(8):
-        G.ip[t, q] = 1
-    G.ip[t, 4] = ph
-    G.ip[t, 5] = pw
-    return t
+defop(IM2COL, "im2col", im2col, _run_im2col, arity=1, public=False, split=CUSTOM, ip=WindowsIP,
+      vjp=lambda g, x, out: op.col2im(g, like=x, params_from=out))
+defop(COL2IM, "col2im", col2im, _run_col2im, arity=1, public=False, split=CUSTOM, ip=WindowsIP,
+      vjp=lambda g, x, out: op.im2col(g, like=x, params_from=out))
