@@ -9,6 +9,7 @@ from .errors import GraphError
 from .graph import Graph, Tensor
 from .ops.reduce import sum as reduce_sum
 from .program import build_forward
+from .registry import LeafIP
 
 
 class GradientCheckError(AssertionError):
@@ -88,7 +89,7 @@ def check_grads(fn: Callable[..., Tensor], args: Sequence[Any], *, wrt: Optional
     n_checked = n_skipped = 0
     ok = True
     for i, a in zip(wrt, analytic):
-        off = int(g.nodes.ip[tensors[i].id, 0])
+        off = int(g.nodes.ip[tensors[i].id, LeafIP.offset])
         num = np.full(args[i].shape, np.nan)
         flat_num = num.reshape(-1)
         flat_a = a.reshape(-1)

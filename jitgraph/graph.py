@@ -17,8 +17,8 @@ from .errors import GraphError
 from .ir import (F_CONST, F_INDEX, F_INPUT, F_PARAM, MAX_DIMS, NodeTable,
                  aligned_zeros, flag_names)
 from .order import topo_order
-from .registry import BY_NAME, CONST, EXPORTS, INPUT, OPS, PARAM
-from .viz import describe, render_svg, rich_html, to_dot
+from .registry import BY_NAME, CONST, EXPORTS, INPUT, OPS, PARAM, LeafIP, slots
+from .viz import describe, params_text, render_svg, rich_html, to_dot
 
 _ALIGN = 16   # elements: value offsets are multiples of 64 bytes (float32)
 
@@ -177,7 +177,7 @@ class Graph:
         new = np.arange(n, end)
         valued = new[(nodes.flags[n:end] & (F_PARAM | F_CONST)) != 0]
         if valued.size:                      # slots are handed out in node order: cut at the first
-            cut = int(nodes.ip[valued, 0].min())
+            cut = int(nodes.ip[valued, LeafIP.offset].min())
             if self._packed > cut:
                 self._packed, self._pending = cut, []
             else:
@@ -230,12 +230,13 @@ class Graph:
 
     def node_rows(self, order: Optional[np.ndarray] = None) -> List[dict]:
         """One dict per node (all of them, or those of ``order``): id, name, describe, op,
-        shape, bytes, sources, flags -- the table pictures fold underneath."""
+        shape, bytes, sources, params (by name), flags -- the table pictures fold underneath."""
         ids = range(self.nodes.n) if order is None else (int(n) for n in order)
         return [{"id": n, "name": self.names.get(n, ""), "describe": describe(self, n),
                  "op": OPS[int(self.nodes.op[n])].name, "shape": self.shape_of(n),
                  "bytes": int(np.prod(self.shape_of(n), dtype=np.int64)) * self.dtype.itemsize,
-                 "sources": self.nodes.sources(n), "flags": flag_names(int(self.nodes.flags[n]))} for n in ids]
+                 "sources": self.nodes.sources(n), "params": params_text(self, n),
+                 "flags": flag_names(int(self.nodes.flags[n]))} for n in ids]
 
     def _repr_svg_(self):
         return render_svg(self.to_dot(max_nodes=150))
@@ -282,7 +283,7 @@ class Graph:
         if arr.dtype.kind in "iu" and op == CONST:
             flags |= F_INDEX      # an integer const can index an embedding
         off = self._store_add(arr)
-        t = self._node(op, (), shape, ip=(off,), flags=flags)
+        t = self._node(op, (), shape, ip=slots(LeafIP, offset=off), flags=flags)
         self._set_name(t.id, name)
         return t
 
@@ -517,7 +518,7 @@ class Tensor:
         if not int(g.nodes.flags[self.id]) & (F_PARAM | F_CONST):
             raise GraphError(f"tensor {self.label!r} ({self.op}) has no stored value; "
                              "only params and consts do (run a program to compute others)")
-        off = int(g.nodes.ip[self.id, 0])
+        off = int(g.nodes.ip[self.id, LeafIP.offset])
         return off, off + self.size
 
     @property

@@ -20,10 +20,11 @@ from .graph import Graph, Tensor
 from .ir import FIELDS, F_LEAF, MAX_DIMS, MAX_SRC, N_FP, N_IP, aligned_zeros
 from .optim import AdamW, Optimizer, SGD
 from .program import BackwardGraph, ForwardGraph, Program
-from .registry import BY_NAME, INPUT, OPS, table
+from .ops.conv import PHASES, ConvIP
+from .registry import BY_NAME, INPUT, OPS, LeafIP, table
 
 MAGIC = "jitgraph"
-VERSION = 1
+VERSION = 2          # 2: parameters stored by name (``meta["params"]``); 1: by slot, before they had names
 
 
 def _checksum(arrays):
@@ -86,9 +87,11 @@ def save(path: Union[str, "os.PathLike[str]"], obj: Any) -> None:
         else:
             raise GraphError(f"save: cannot save {key!r}, a {type(v).__name__}")
         objects.append(rec)
+    used = {OPS[int(c)] for c in np.unique(g.nodes.op[:n])}
     meta = {"magic": MAGIC, "version": VERSION, "dtype": g.dtype.name,
             "names": {str(k): v for k, v in sorted(g.names.items())}, "objects": objects,
-            "single": not isinstance(obj, dict)}
+            "single": not isinstance(obj, dict),
+            "params": {op.name: [list(op.ip_names), list(op.fp_names)] for op in sorted(used, key=lambda o: o.code)}}
     arrays["meta"] = np.array(json.dumps(meta))
     arrays["checksum"] = np.array(_checksum(arrays))
     with open(path, "wb") as f:               # a file object: numpy adds no .npz suffix
@@ -114,8 +117,8 @@ def load(path: Union[str, "os.PathLike[str]"]) -> Any:
         meta = json.loads(str(arrays["meta"]))
     except ValueError:
         raise GraphError(f"load {path!r}: unreadable metadata") from None
-    if meta.get("magic") != MAGIC or meta.get("version") != VERSION:
-        raise GraphError(f"load {path!r}: not a jitgraph version-{VERSION} file")
+    if meta.get("magic") != MAGIC or meta.get("version") not in (1, VERSION):
+        raise GraphError(f"load {path!r}: not a jitgraph file of version 1 or {VERSION}")
     g = _rebuild_graph(path, arrays, meta)
     out = {}
     for i, rec in enumerate(meta["objects"]):
@@ -156,6 +159,7 @@ def _rebuild_graph(path, arrays, meta):
     if n and (op.min() < 0 or op.max() >= len(names)):
         _fail(path, "an opcode out of range")
     op = remap[op]
+    _params_by_name(path, ir, op, meta)
     src = ir["src"].astype(np.int64)
     if np.any(src < -1) or np.any(src >= n):
         _fail(path, "a source id outside the graph")
@@ -177,8 +181,9 @@ def _rebuild_graph(path, arrays, meta):
     flags = ir["flags"].astype(np.int64)
     leaf = (flags & F_LEAF) != 0
     valued = leaf & (op != INPUT)
-    ends = ir["ip"][:, 0] + shape.prod(axis=1)
-    if np.any(valued & ((ir["ip"][:, 0] < 0) | (ends > store.size))):
+    at = ir["ip"][:, LeafIP.offset]
+    ends = at + shape.prod(axis=1)
+    if np.any(valued & ((at < 0) | (ends > store.size))):
         _fail(path, "a param or const outside the value store")
     nodes = g.nodes
     nodes.reserve(n)
@@ -190,6 +195,39 @@ def _rebuild_graph(path, arrays, meta):
     for k, v in meta.get("names", {}).items():
         g._set_name(int(k), v)
     return g
+
+
+def _params_by_name(path, ir, op, meta):
+    """Put each node's parameters in this version's slots, read by the names the file gives
+    them (``meta["params"]``, {op: [int names, float names]}); a file written before
+    parameters had names holds them in the slots of its day, where conv2d kept a PHASES
+    stride in slots 4 and 5."""
+    layouts = meta.get("params")
+    if layouts is None:
+        phases = (op == BY_NAME["conv2d"].code) & (ir["ip"][:, ConvIP.source] == PHASES)
+        ir["ip"][phases, ConvIP.stride_h], ir["ip"][phases, ConvIP.stride_w] = ir["ip"][phases, 4], ir["ip"][phases, 5]
+        ir["ip"][phases, 4] = ir["ip"][phases, 5] = 0
+        return
+    if not isinstance(layouts, dict):
+        _fail(path, "the parameter layouts are not a mapping")
+    for name, layout in layouts.items():
+        spec = BY_NAME.get(name)
+        rows = op == spec.code if spec is not None else np.zeros(op.size, bool)
+        if not rows.any():
+            continue
+        if not (isinstance(layout, list) and len(layout) == 2 and all(isinstance(x, list) for x in layout)):
+            _fail(path, f"the parameter layout of op {name!r}")
+        for field, saved, now in (("ip", layout[0], spec.ip_names), ("fp", layout[1], spec.fp_names)):
+            old = ir[field][rows]
+            new = np.zeros_like(old)
+            if len(saved) > old.shape[1]:
+                _fail(path, f"op {name!r} has {len(saved)} {field} parameters")
+            for i, param in enumerate(saved):
+                if param in now and param:
+                    new[:, now.index(param)] = old[:, i]
+                elif np.any(old[:, i] != 0):
+                    _fail(path, f"op {name!r}: parameter {param!r} is not one of this version's {now}")
+            ir[field][rows] = new
 
 
 def _tensor(path, g, i):

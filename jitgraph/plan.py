@@ -24,7 +24,7 @@ from . import registry
 from ._sigs import ST, i64, on_first_use
 from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
 from .order import extend_order, needed_backward
-from .registry import INPUT
+from .registry import INPUT, LeafIP
 
 ALIGN = 16      # elements: arena offsets are 64-byte aligned in float32
 NEVER = np.iinfo(np.int64).max
@@ -159,7 +159,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
             io += size
         elif kind == K_LEAF:
             loc[n] = LOC_STORE
-            off[n] = ip[n, 0]
+            off[n] = ip[n, LeafIP.offset]
         elif kind == K_VIEW:
             s = src[n, 0]
             loc[n] = loc[s]

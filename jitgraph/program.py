@@ -305,8 +305,8 @@ class Program:
             # the valid range: the table's rows (embedding), the output's (scatter_add), the classes
             bound = int(g.nodes.shape[node, 2] if op == "scatter_add" else
                         g.nodes.shape[src, 3] if op.startswith("cross_entropy") else g.nodes.shape[src, 2])
-            ignore = f" nor ignore_index {int(g.nodes.ip[node, 1])}" if op.startswith("cross_entropy") and \
-                int(g.nodes.ip[node, 0]) else ""
+            params = OPS[int(g.nodes.op[node])].params(g.nodes.ip[node], g.nodes.fp[node])
+            ignore = f" nor ignore_index {params['ignore_index']}" if params.get("has_ignore") else ""
             return GraphError(f"{op} {label!r}: index {value:g} at position {detail} of {g.label(idx)!r} "
                               f"is not an integer in [0, {bound}){ignore}")
         if status == ERR_NOT_COMPILED:

@@ -67,13 +67,13 @@ _LEAVES = {"ip": S_IP, "fp": S_FP, "shape": S_SHAPE, "ndim": S_NDIM, "id": S_ID,
 class Tape:
     """The instructions of the rule being recorded."""
 
-    def __init__(self, code: int) -> None:
-        self.code = code
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.rows: List[dict] = []
 
     def add(self, **row: Any) -> "Sym":
         if len(self.rows) == MAX_INSTRUCTIONS:
-            raise ValueError(f"rule of {registry.OPS[self.code].name!r}: more than {MAX_INSTRUCTIONS} instructions")
+            raise ValueError(f"rule of {self.name!r}: more than {MAX_INSTRUCTIONS} instructions")
         self.rows.append(row)
         return Sym(self, len(self.rows) - 1)
 
@@ -255,7 +255,7 @@ op = _Emitters()
 # ---- recording every rule --------------------------------------------------------------------------
 def record(spec: "registry.Op"):
     """(tape, per-source result refs) of ``spec``'s rule function."""
-    tape = Tape(spec.code)
+    tape = Tape(spec.name)
     names = list(inspect.signature(spec.vjp).parameters)
     sources = spec.sources
     bound: List[Any] = [Sym(tape, GRAD)]
@@ -273,8 +273,8 @@ def record(spec: "registry.Op"):
                              f"{spec.ip_names + spec.fp_names}")
     got = spec.vjp(*bound)
     results = list(got) if isinstance(got, tuple) else [got]
-    if len(results) > MAX_SRC:
-        raise ValueError(f"rule of {spec.name!r}: {len(results)} results, at most {MAX_SRC}")
+    if len(results) > len(sources):
+        raise ValueError(f"rule of {spec.name!r}: {len(results)} results for its {len(sources)} sources {sources}")
     refs = []
     for k, r in enumerate(results):
         if r is None:
@@ -358,7 +358,7 @@ class _Compiler:
                 cond_refs: set = set()
                 row[I_OP] = self.expr(r["op"], cond_refs)
                 if cond_refs:
-                    raise ValueError(f"rule of {registry.OPS[tape.code].name!r}: a condition may read only g, "
+                    raise ValueError(f"rule of {tape.name!r}: a condition may read only g, "
                                      "out and the sources")
             else:
                 row[I_OP] = r["op"]
@@ -377,7 +377,7 @@ class _Compiler:
             if r["kind"] == SELECT:
                 refs = set()                    # a branch is marked only when chosen (backward.py)
             if any(d >= j for d in refs) or len(refs) > MAX_DEPS:
-                raise ValueError(f"rule of {registry.OPS[tape.code].name!r}: instruction {j} reads a later one")
+                raise ValueError(f"rule of {tape.name!r}: instruction {j} reads a later one")
             self.ins.append(row)
             self.deps.append(sorted(refs) + [-1] * (MAX_DEPS - len(refs)))
         return start

@@ -13,7 +13,7 @@ import numpy as np
 from .emit import RULE_ACCUMULATE, RULE_COPY, RULE_ZERO
 from .ir import (F_CHECKPOINT, F_CONST, F_GRAD, F_INPUT, F_LOSS, F_OUTPUT, F_PARAM, F_PARAM_GRAD,
                  F_RECOMPUTED, flag_names)
-from .registry import OPS
+from .registry import LEAF, OPS
 
 # kind -> (fill colour, shape, legend text)
 STYLE = {
@@ -70,6 +70,17 @@ def describe(graph, n):
     return graph.names.get(n, "")
 
 
+def params_text(graph, n):
+    """Node n's parameters by name (``axis=3 eps=1e-05``), as its op declares them; a
+    leaf's store offset is left out."""
+    nodes = graph.nodes
+    spec = OPS[int(nodes.op[n])]
+    if spec.kind == LEAF:
+        return ""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in spec.params(nodes.ip[n], nodes.fp[n]).items())
+
+
 def _q(text):
     return '"' + _esc(text) + '"'
 
@@ -115,7 +126,7 @@ def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=Tr
         if n in param_of:
             parts.append(f"= gradient of param {graph.label(param_of[n])}")
         label = "\\n".join(_esc(part) for part in parts)
-        extra = ""
+        extra = f", tooltip={_q(params_text(graph, n))}" if params_text(graph, n) else ""
         if flags & F_CHECKPOINT:
             extra += ", penwidth=3, color=\"#cc0000\""
         if kind == "recomputed":
@@ -178,14 +189,14 @@ MISSING_DOT = ("<p><i>Graphviz's <code>dot</code> program was not found, so no p
 
 def html_table(rows, limit=400):
     """An HTML table of node rows (as Program.nodes() gives)."""
-    cols = ["id", "name", "op", "shape", "bytes", "sources", "flags", "where"]
+    cols = ["id", "name", "op", "shape", "bytes", "sources", "params", "flags", "where"]
     out = ['<table style="font-size:11px;border-collapse:collapse">',
            "<thead><tr>" + "".join(f"<th style='text-align:left;padding:2px 6px'>{c}</th>" for c in cols)
            + "</tr></thead><tbody>"]
     for r in rows[:limit]:
         where = f"{r['loc']} @ {r['offset']}" if "loc" in r else ""
         vals = [r["id"], r.get("describe") or r["name"], r["op"], "×".join(map(str, r["shape"])) or "()",
-                r["bytes"], ", ".join(map(str, r["sources"])), ", ".join(r["flags"]), where]
+                r["bytes"], ", ".join(map(str, r["sources"])), r.get("params", ""), ", ".join(r["flags"]), where]
         out.append("<tr>" + "".join(f"<td style='padding:1px 6px'>{html.escape(str(v))}</td>" for v in vals)
                    + "</tr>")
     out.append("</tbody></table>")

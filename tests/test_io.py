@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
+from jitgraph import io as jio
+from jitgraph.ops.conv import PHASES, ConvIP
 from jitgraph.registry import BY_NAME, NO_GRAD, OPS
 
 from .naive import REF, build
@@ -138,7 +140,6 @@ def test_truncated_and_corrupted_files_raise_clear_errors(tmp_path):
 def test_structurally_invalid_graphs_are_refused_before_running(tmp_path):
     """A file with a valid checksum but impossible contents (a hand-made or buggy
     writer) is checked before any array reaches compiled code."""
-    from jitgraph import io as jio
     g, x, idx, loss, params = every_op_model()
     path = tmp_path / "m.npz"
     jg.save(path, {"fwd": jg.build_forward(loss)})
@@ -175,7 +176,68 @@ def test_structurally_invalid_graphs_are_refused_before_running(tmp_path):
     tamper(lambda a: a.__setitem__("obj0_order", a["obj0_order"][::-1].copy()), "before its sources")
     meta = json.loads(str(np.load(path)["meta"]))
     meta["version"] = 99
-    tamper(lambda a: a.__setitem__("meta", np.array(json.dumps(meta))), "not a jitgraph version-1 file")
+    tamper(lambda a: a.__setitem__("meta", np.array(json.dumps(meta))), "not a jitgraph file of version 1 or 2")
+    meta["version"] = 2
+    meta["params"]["mean"] = [["axes", "frobs"], ["scale"]]
+    frobs = set_item("ir_ip", (unary, 1), 3)
+    tamper(lambda a: (a.__setitem__("meta", np.array(json.dumps(meta))), frobs(a)),
+           r"op 'mean': parameter 'frobs' is not one of this version's \('axes',\)")
+
+
+def test_parameters_are_saved_by_name_and_read_into_this_versions_slots(tmp_path):
+    """A file names each op's parameter slots (meta["params"]); loading puts every value
+    where this version keeps that name -- here a file whose softmax kept its axis in a
+    later slot."""
+    g = jg.Graph(np.float64)
+    x = g.param(np.arange(12.0).reshape(3, 4), name="x")
+    y = jg.mean(jg.softmax(x, 0), axis=1)
+    path = tmp_path / "m.npz"
+    jg.save(path, y)
+    with np.load(path) as f:
+        arrays = {k: f[k].copy() for k in f.files}
+    meta = json.loads(str(arrays["meta"]))
+    assert meta["params"]["softmax"] == [["axis"], []] and meta["params"]["mean"] == [["axes"], ["scale"]]
+    soft, mean = jg.Tensor(g, y.sources[0].id), y
+    ip = arrays["ir_ip"]
+    ip[soft.id, 3], ip[soft.id, 0] = ip[soft.id, 0], 0            # the softmax axis saved in slot 3 ...
+    meta["params"]["softmax"] = [["", "", "", "axis"], []]          # ... and said so
+    arrays["meta"] = np.array(json.dumps(meta))
+    arrays.pop("checksum")
+    arrays["checksum"] = np.array(jio._checksum(arrays))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    back = jg.load(path)
+    assert int(back.graph.nodes.ip[soft.id, 0]) == int(g.nodes.ip[soft.id, 0])
+    np.testing.assert_array_equal(back.graph.nodes.ip[:g.nodes.n], g.nodes.ip[:g.nodes.n])
+    np.testing.assert_array_equal(jg.build_forward(back).run(), jg.build_forward(y).run())
+
+
+def test_a_file_from_before_parameter_names_loads_its_strided_convolutions(tmp_path):
+    """Version-1 files kept a conv2d's PHASES stride in slots 4 and 5 (DIRECT's padding);
+    loading one moves it to stride_h / stride_w, so the stride-2 convolution runs the same."""
+    g = jg.Graph(np.float64)
+    x = g.param(np.random.default_rng(0).standard_normal((1, 2, 8, 8)), name="x")
+    w = g.param(np.random.default_rng(1).standard_normal((4, 2, 3, 3)), name="w")
+    y = jg.conv2d(x, w, stride=2, padding=1)
+    assert y.op == "conv2d" and int(g.nodes.ip[y.id, ConvIP.source]) == PHASES
+    path = tmp_path / "old.npz"
+    jg.save(path, y)
+    with np.load(path) as f:
+        arrays = {k: f[k].copy() for k in f.files}
+    meta = json.loads(str(arrays["meta"]))
+    del meta["params"]
+    meta["version"] = 1
+    ip = arrays["ir_ip"][:, :8].copy()                                # 8 int slots then
+    ip[y.id, 4], ip[y.id, 5] = arrays["ir_ip"][y.id, ConvIP.stride_h], arrays["ir_ip"][y.id, ConvIP.stride_w]
+    arrays["ir_ip"] = ip
+    arrays["meta"] = np.array(json.dumps(meta))
+    arrays.pop("checksum")
+    arrays["checksum"] = np.array(jio._checksum(arrays))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    back = jg.load(path)
+    np.testing.assert_array_equal(back.graph.nodes.ip[:g.nodes.n], g.nodes.ip[:g.nodes.n])
+    np.testing.assert_array_equal(jg.build_forward(back).run(), jg.build_forward(y).run())
 
 
 def test_save_argument_errors(tmp_path):

@@ -140,3 +140,4 @@ def _run_clip_mask(n, lo, hi, ctx, mem, store):
 
 defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False,
       fp=ClipFP)
+
