@@ -67,7 +67,7 @@ NOP, INPUT, PARAM, CONST = 0, 1, 2, 3                                  # leaves 
 ADD, SUB, MUL, DIV, AFFINE, WHERE = 4, 5, 6, 7, 9, 47                  # ops/binary.py
 NEG, SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20
 STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD, LEAKY_RELU, RELU_D = 21, 22, 23, 24, 25, 26, 48, 88   # ops/unary.py
-SIN, COS, POW, CLIP, CLIP_MASK = 56, 57, 58, 59, 60                    # ops/elementary.py
+SIN, COS, POW, CLIP, CLIP_MASK, SOFTPLUS = 56, 57, 58, 59, 60, 89      # ops/elementary.py
 MAXIMUM, MINIMUM, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL = 61, 62, 63, 64, 65, 66, 67   # ops/compare.py
 SUM, MEAN, MAX, BROADCAST, MAX_MASK, ARGMAX = 27, 28, 29, 30, 31, 68   # ops/reduce.py
 RESHAPE, TRANSPOSE, CONCAT, SLICE, PAD = 32, 33, 34, 35, 36            # ops/shape.py
@@ -82,7 +82,7 @@ BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76   # ops
 CONV2D, CONV2D_WEIGHT = 79, 80                                         # ops/conv.py
 IM2COL, COL2IM = 81, 82                                                # ops/windows.py
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
-NEXT_CODE = 89
+NEXT_CODE = 90
 
 
 def _names(params: Any, what: str) -> tuple:

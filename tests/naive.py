@@ -325,6 +325,7 @@ REF = {
     "abs": Case(np.abs, one(away0(3, 4)), "unary"),
     "relu": Case(lambda x: np.maximum(x, 0), one(away0(3, 4)), "unary"),
     "sin": Case(np.sin, one(u(3, 4)), "unary"),
+    "softplus": Case(lambda x: np.logaddexp(0.0, x), one(u(3, 4, lo=-8, hi=8)), "unary"),
     "cos": Case(np.cos, one(u(3, 4)), "unary"),
     "pow": Case(lambda x, exponent: np.power(x, exponent), one(u(3, 4, lo=0.3, hi=2.0)), "unary",
                 dict(exponent=1.7), domain="positive"),

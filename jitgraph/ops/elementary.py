@@ -1,5 +1,5 @@
 """Elementary functions with numpy semantics: sin, cos, pow with a scalar exponent
-(``t ** p``) and clip.  Unary elementwise ops in the calling convention of unary.py
+(``t ** p``), clip and softplus.  Unary elementwise ops in the calling convention of unary.py
 (element functions ``_name(a, p0, p1)``, params in fp[n, 0:2]); they compute with
 libm in the graph's dtype (no vectorized float32 forms: models spend little time here).
 """
@@ -13,7 +13,7 @@ from numba import njit
 from ..errors import GraphError
 from ..graph import Tensor
 from ..native import run_view
-from ..registry import CLIP, CLIP_MASK, COS, ELEMENTWISE, POW, SIN, ZERO_GRAD, defop, slots
+from ..registry import CLIP, CLIP_MASK, COS, ELEMENTWISE, POW, SIN, SOFTPLUS, ZERO_GRAD, defop, slots
 from ..rules import either, op
 from ..vmath import like
 from .common import is_scalar, need_tensor
@@ -141,3 +141,22 @@ def _run_clip_mask(n, lo, hi, ctx, mem, store):
 defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False,
       fp=ClipFP)
 
+
+# ---- softplus -------------------------------------------------------------------------------------
+def softplus(t: Tensor) -> Tensor:
+    """log(1 + e^t), PyTorch's softplus (beta 1), without overflow; its gradient is sigmoid(t)."""
+    return _unary(SOFTPLUS, "softplus", t)
+
+
+@njit(cache=True, error_model="numpy")
+def _softplus(a, p0, p1):
+    # max(x, 0) + log(1 + e^-|x|)
+    return (a if a > like(a, 0.0) else like(a, 0.0)) + math.log1p(math.exp(-abs(a)))
+
+
+def _run_softplus(n, lo, hi, ctx, mem, store):
+    return unary(run_view(ctx, mem, store), n, _softplus, lo, hi)
+
+
+defop(SOFTPLUS, "softplus", softplus, _run_softplus, arity=1, kind=ELEMENTWISE, flops=12,
+      vjp=lambda g, x: g * op.sigmoid(x))
