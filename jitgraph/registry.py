@@ -175,12 +175,19 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
     return code
 
 
+_slot_maps: dict = {}       # declaration -> (row width, {name: slot}); an enum's iteration and lookups are slow
+
+
 def slots(params: Any, **values: Any) -> tuple:
     """A node's parameter row from values by name, in the slot order of ``params`` (an op's
     IntEnum declaration): what builders hand to ``Graph._node(ip=..., fp=...)``."""
-    row = [0] * (max(int(m) for m in params) + 1)
+    known = _slot_maps.get(params)
+    if known is None:
+        known = _slot_maps[params] = (max(int(m) for m in params) + 1, {m.name: int(m) for m in params})
+    width, index = known
+    row = [0] * width
     for name, value in values.items():
-        row[int(params[name])] = value
+        row[index[name]] = value
     return tuple(row)
 
 

@@ -23,46 +23,40 @@ the broadcast of its sources (elementwise ops) or ``like``'s with ``dims`` {padd
 size} changed; ``params_from`` copies a node's parameters; named parameters set the rest.
 Scalar symbols -- parameters, ``x.shape[3]`` (shapes padded to 4 dims, as kernels see them),
 numbers -- have arithmetic, comparisons, ``&``, ``|``, ``<<``; ``either(cond, a, b)`` picks
-a node or a scalar by a scalar condition (only the chosen branch is built).
+a node or a scalar by a scalar condition (only the chosen branch is built).  A product
+``x @ y`` is a rule's result, laid out by its op's file for the source it is the gradient
+of (``lays_out_products``).
 
-The program: instructions (EMIT an op, SELECT a branch, PRODUCT a matmul laid out for its
-source, SOURCE of a node) over refs to g / out / the sources / earlier results, and
-scalar expressions as stack code; every op's program in a few int64 arrays (``tables``).
+The program: instructions (EMIT an op, SELECT a branch, SOURCE of a node) over refs to g /
+out / the sources / earlier results, every op's program in a few int64 arrays
+(``tables``).  Scalars are not in the program: an op's scalar expressions are evaluated
+for all of its nodes at once, in numpy, before the pass runs (``Tables.scalars``), and an
+instruction names its scalars by index.  A scalar reads g's shape, and the parameters,
+shapes, ndim, id and opcode of out and the sources; an emitted node's shape, which its
+emission determines (``like`` and ``dims``, or the broadcast), is rewritten in those terms
+when the rule is recorded.
 """
 import inspect
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import registry
-from .ir import MAX_DIMS, MAX_SRC, N_FP, N_IP
-
-# ---- node refs: what an instruction's operands point at --------------------------------------
-NONE = -1                    # no node (no gradient for that source)
-GRAD, OUT = -2, -3           # the incoming gradient, the node itself
-SRC = -10                    # source i is SRC - i
-BCAST = -20                  # ``like`` of an elementwise emission: the broadcast of its sources
+from .ir import F_LEAF, MAX_DIMS, MAX_SRC, N_FP, N_IP
+from .scalars import BCAST, BINARY, GRAD, LEAVES, NONE, OUT, SHAPES, SRC, Scalars
 
 # ---- instructions: one int64 row each ----------------------------------------------------------
-EMIT, SELECT, PRODUCT, SOURCE = 0, 1, 2, 3
+EMIT, SELECT, SOURCE = 0, 1, 2
 I_KIND, I_OP, I_SRC, I_LIKE, I_FROM = 0, 1, 2, 6, 7     # I_SRC: 4 refs
-I_DIMS = 8                   # 4 (axis expression, size expression) pairs
-I_IP = I_DIMS + 2 * MAX_DIMS  # an expression per int param slot (-1: 0, or params_from's)
+I_DIMS = 8                   # 4 (axis, size) pairs
+I_IP = I_DIMS + 2 * MAX_DIMS  # one per int param slot (-1: 0, or params_from's)
 I_FP = I_IP + N_IP
 WIDTH = I_FP + N_FP
 MAX_DEPS = 12
 MAX_INSTRUCTIONS = 48        # per rule: backward.py reserves room for its emissions
-# SELECT: I_OP the condition, I_SRC the two branches.  PRODUCT: I_SRC x, y; I_IP, I_IP + 1 their
-# transpose flags; I_OP the source slot it is the gradient of.  SOURCE: I_SRC[0] a node, I_OP i.
-
-# ---- scalar expressions: stack code, rows (opcode, a, b) --------------------------------------
-(S_CONST, S_IP, S_FP, S_SHAPE, S_SHAPE_AT, S_NDIM, S_ID, S_OPCODE, S_ADD, S_SUB, S_MUL, S_DIV, S_FLOORDIV,
- S_MOD, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_SHL, S_NEG, S_NOT, S_SELECT) = range(26)
-_BINARY = {"add": S_ADD, "sub": S_SUB, "mul": S_MUL, "truediv": S_DIV, "floordiv": S_FLOORDIV, "mod": S_MOD,
-           "eq": S_EQ, "ne": S_NE, "lt": S_LT, "le": S_LE, "gt": S_GT, "ge": S_GE, "and": S_AND, "or": S_OR,
-           "lshift": S_SHL}
-_LEAVES = {"ip": S_IP, "fp": S_FP, "shape": S_SHAPE, "ndim": S_NDIM, "id": S_ID, "opcode": S_OPCODE}
-
+# EMIT: I_OP the opcode; the dims, ip and fp fields name one of the op's scalars each (-1: none).
+# SELECT: I_OP names its condition (a scalar), I_SRC its two branches.  SOURCE: I_SRC[0] a node,
+# I_OP which of its sources.
 
 class Tape:
     """The instructions of the rule being recorded."""
@@ -206,11 +200,35 @@ class Sym:
     def T(self) -> "Sym":
         return Sym(self.tape, self.ref, 1 - _num(self.trans))
 
-    def __matmul__(self, o: "Sym") -> "Sym":
-        return self.tape.add(kind=PRODUCT, op=-1, srcs=(self, o), ip={0: self.trans, 1: o.trans})
+    def __matmul__(self, o: "Sym") -> "Product":
+        return Product(self, o)
 
     def __bool__(self):
         raise TypeError("a rule's node has no truth value: use either(cond, a, b)")
+
+
+class Product:
+    """``x @ y`` in a rule: a result, laid out for the source it is the gradient of when the
+    rule returns it (the layout is its op's: ``lays_out_products``)."""
+
+    def __init__(self, x: Sym, y: Sym) -> None:
+        self.x, self.y = x, y
+
+    def _operand(self, *_: Any):
+        raise ValueError(f"rule of {self.x.tape.name!r}: a product that is not a result (a product is "
+                         "laid out for the source it is returned for, so it cannot be an operand)")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = __neg__ = _operand
+
+
+_layout: List[Callable[..., Sym]] = []
+
+
+def lays_out_products(fn: Callable[..., Sym]) -> Callable[..., Sym]:
+    """Register ``fn(x, tx, y, ty, k, out, sources) -> Sym``, which emits op(x) @ op(y)
+    (transpose flags tx, ty) as the gradient of source k of node out (ops/linear.py)."""
+    _layout[:] = [fn]
+    return fn
 
 
 def either(cond: Any, a: Any, b: Any) -> Any:
@@ -258,16 +276,18 @@ def record(spec: "registry.Op"):
     tape = Tape(spec.name)
     names = list(inspect.signature(spec.vjp).parameters)
     sources = spec.sources
+    out = Sym(tape, OUT)
+    source_syms = [Sym(tape, SRC - i) for i in range(len(sources))]
     bound: List[Any] = [Sym(tape, GRAD)]
     for name in names[1:]:
         if name == "out":
-            bound.append(Sym(tape, OUT))
+            bound.append(out)
         elif name in sources:
-            bound.append(Sym(tape, SRC - sources.index(name)))
+            bound.append(source_syms[sources.index(name)])
         elif name in spec.ip_names:
-            bound.append(Num(("ip", Sym(tape, OUT), spec.ip_names.index(name))))
+            bound.append(Num(("ip", out, spec.ip_names.index(name))))
         elif name in spec.fp_names:
-            bound.append(Num(("fp", Sym(tape, OUT), spec.fp_names.index(name))))
+            bound.append(Num(("fp", out, spec.fp_names.index(name))))
         else:
             raise ValueError(f"rule of {spec.name!r}: {name!r} is neither out, a source {sources} nor a parameter "
                              f"{spec.ip_names + spec.fp_names}")
@@ -280,26 +300,27 @@ def record(spec: "registry.Op"):
         if r is None:
             refs.append(NONE)
             continue
+        if isinstance(r, Product):
+            if not _layout:
+                raise ValueError(f"rule of {spec.name!r}: a product, but no op lays products out")
+            r = _layout[0](r.x, r.x.trans, r.y, r.y.trans, k, out, tuple(source_syms))
         if not isinstance(r, Sym) or r.tape is not tape:
             raise ValueError(f"rule of {spec.name!r}: result {k} is not a node of the rule")
-        if r.ref >= 0 and tape.rows[r.ref]["kind"] == PRODUCT:
-            tape.rows[r.ref]["op"] = k                   # the source this product is laid out for
         refs.append(r.ref)
-    for j, row in enumerate(tape.rows):
-        if row["kind"] == PRODUCT and row["op"] < 0:
-            raise ValueError(f"rule of {spec.name!r}: a product that is not a result (instruction {j})")
     return tape, refs + [NONE] * (MAX_SRC - len(refs))
 
 
 class _Compiler:
-    """Flattens tapes into the arrays of ``tables``."""
+    """Flattens tapes into the arrays of ``tables``, and each op's scalars into trees over g,
+    out and the sources."""
 
     def __init__(self) -> None:
         self.ins: List[List[int]] = []
         self.deps: List[List[int]] = []
-        self.code: List[Tuple[int, int, int]] = []
-        self.index: List[Tuple[int, int]] = []
-        self.consts: List[float] = []
+        self.name = ""                               # the tape being added: its op's name, rows,
+        self.rows: List[dict] = []
+        self.index: Dict[str, int] = {}              # and scalars, by their text
+        self.trees: List[tuple] = []
 
     def ref(self, x: Any) -> int:
         if x is None:
@@ -308,44 +329,99 @@ class _Compiler:
             raise ValueError(f"a rule's node operand must be a node symbol or None, got {type(x).__name__}")
         return x.ref
 
-    def expr(self, x: Any, refs: set) -> int:
-        """The id of the stack code of scalar ``x`` (-1 for None); refs collects the
-        instructions it reads."""
+    def scalar(self, x: Any) -> int:
+        """The index of scalar ``x`` among the op's scalars (-1 for None)."""
         if x is None:
             return -1
-        start = len(self.code)
-        self._emit(_num(x).tree, refs)
-        self.index.append((start, len(self.code) - start))
-        return len(self.index) - 1
+        tree = self.tree(_num(x).tree)
+        key = repr(tree)                        # repr: -0.0 and 0.0 stay two constants
+        if key not in self.index:
+            self.index[key] = len(self.trees)
+            self.trees.append(tree)
+        return self.index[key]
 
-    def _emit(self, tree: tuple, refs: set) -> None:
-        kind = tree[0]
+    def tree(self, t: tuple) -> tuple:
+        """``t`` with node symbols as refs, reading only g's shape and out's and the sources'
+        parameters and shapes: an emitted node's shape is rewritten as its emission sets it."""
+        kind = t[0]
         if kind == "const":
-            self.consts.append(tree[1])
-            self.code.append((S_CONST, len(self.consts) - 1, 0))
-        elif kind in _LEAVES:
-            sym = tree[1]
-            if sym.ref >= 0:
-                refs.add(sym.ref)
-            self.code.append((_LEAVES[kind], sym.ref, tree[2] if len(tree) > 2 else 0))
-        elif kind == "shape_at":
-            self._emit(tree[2].tree, refs)
-            if tree[1].ref >= 0:
-                refs.add(tree[1].ref)
-            self.code.append((S_SHAPE_AT, tree[1].ref, 0))
-        elif kind in _BINARY:
-            self._emit(tree[1].tree, refs)
-            self._emit(tree[2].tree, refs)
-            self.code.append((_BINARY[kind], 0, 0))
-        elif kind in ("neg", "not"):
-            self._emit(tree[1].tree, refs)
-            self.code.append((S_NEG if kind == "neg" else S_NOT, 0, 0))
-        else:                                  # select
-            for part in tree[1:]:
-                self._emit(part.tree, refs)
-            self.code.append((S_SELECT, 0, 0))
+            return t
+        if kind in LEAVES:
+            ref = t[1].ref
+            if kind not in SHAPES and (ref >= 0 or ref == GRAD):
+                what = "g" if ref == GRAD else f"the node of instruction {ref}"
+                raise ValueError(f"rule of {self.name!r}: a scalar reads the {kind} of {what}; of g and of an "
+                                 "emitted node, a rule may read only the shape and ndim")
+            if kind == "ndim":
+                return self.ndim(ref)
+            if kind == "shape":
+                return self.shape(ref, t[2])
+            if kind != "shape_at":
+                return (kind, ref, t[2] if len(t) > 2 else 0)
+            at = self.tree(t[2].tree)
+            if at[0] == "const":
+                return self.shape(ref, min(max(int(at[1]), 0), MAX_DIMS - 1))
+            if ref < 0:
+                return ("shape_at", OUT if ref == GRAD else ref, at)
+            v = self.shape(ref, MAX_DIMS - 1)          # an emitted node's: axis by axis
+            for d in range(MAX_DIMS - 2, -1, -1):
+                v = ("select", ("eq", at, ("const", float(d))), self.shape(ref, d), v)
+            return v
+        if kind in BINARY:
+            return (kind, self.tree(t[1].tree), self.tree(t[2].tree))
+        if kind in ("neg", "not"):
+            return (kind, self.tree(t[1].tree))
+        return ("select",) + tuple(self.tree(part.tree) for part in t[1:])
 
-    def add(self, tape: Tape) -> int:
+    def _emitted(self, ref: int, what: str) -> dict:
+        row = self.rows[ref]
+        if row["kind"] == SOURCE:
+            raise ValueError(f"rule of {self.name!r}: a scalar reads the {what} of a source's source "
+                             f"(instruction {ref}), which the rule cannot know")
+        return row
+
+    def shape(self, ref: int, d: int) -> tuple:
+        """Axis d of node ref's shape, as a tree over g, out and the sources."""
+        if ref < 0:
+            return ("shape", OUT if ref == GRAD else ref, d)     # g is shaped as out
+        row = self._emitted(ref, "shape")
+        if row["kind"] == SELECT:
+            return ("select", self.tree(_num(row["op"]).tree),
+                    *(self.shape(self.ref(b), d) for b in row["srcs"]))
+        srcs = [s for s in row["srcs"] if s is not None]
+        if row.get("like") is None:             # the broadcast: a source's size where it is not 1
+            v = self.shape(srcs[0].ref, d)
+            for s in srcs[1:]:
+                w = self.shape(s.ref, d)
+                v = ("select", ("ne", w, ("const", 1.0)), w, v)
+        else:
+            v = self.shape(row["like"].ref, d)
+        for axis, size in row.get("dims", {}).items():
+            a = self.tree(_num(axis).tree)
+            if a[0] == "const":
+                v = self.tree(_num(size).tree) if int(a[1]) == d else v
+            else:
+                v = ("select", ("eq", a, ("const", float(d))), self.tree(_num(size).tree), v)
+        return v
+
+    def ndim(self, ref: int) -> tuple:
+        if ref < 0:
+            return ("ndim", OUT if ref == GRAD else ref, 0)
+        row = self._emitted(ref, "ndim")
+        if row["kind"] == SELECT:
+            return ("select", self.tree(_num(row["op"]).tree), *(self.ndim(self.ref(b)) for b in row["srcs"]))
+        if row.get("like") is not None:
+            return self.ndim(row["like"].ref)
+        srcs = [s for s in row["srcs"] if s is not None]
+        v = self.ndim(srcs[0].ref)
+        for s in srcs[1:]:
+            w = self.ndim(s.ref)
+            v = ("select", ("gt", w, v), w, v)
+        return v
+
+    def add(self, tape: Tape) -> Tuple[int, List[tuple]]:
+        """Append ``tape``'s instructions; returns (its first row, the op's scalar trees)."""
+        self.name, self.rows, self.index, self.trees = tape.name, tape.rows, {}, []
         start = len(self.ins)
         for j, r in enumerate(tape.rows):
             row = [-1] * WIDTH
@@ -355,36 +431,30 @@ class _Compiler:
             for i, s in enumerate(srcs):
                 row[I_SRC + i] = self.ref(s)
             if r["kind"] == SELECT:
-                cond_refs: set = set()
-                row[I_OP] = self.expr(r["op"], cond_refs)
-                if cond_refs:
-                    raise ValueError(f"rule of {tape.name!r}: a condition may read only g, "
-                                     "out and the sources")
+                row[I_OP] = self.scalar(r["op"])
             else:
                 row[I_OP] = r["op"]
                 row[I_LIKE] = BCAST if r.get("like") is None else self.ref(r["like"])
                 row[I_FROM] = self.ref(r.get("params_from"))
                 for q, (axis, size) in enumerate(r.get("dims", {}).items()):
-                    row[I_DIMS + 2 * q] = self.expr(axis, refs)
-                    row[I_DIMS + 2 * q + 1] = self.expr(size, refs)
+                    row[I_DIMS + 2 * q] = self.scalar(axis)
+                    row[I_DIMS + 2 * q + 1] = self.scalar(size)
                 for slot, value in r.get("ip", {}).items():
-                    row[I_IP + slot] = self.expr(value, refs)
+                    row[I_IP + slot] = self.scalar(value)
                 for slot, value in r.get("fp", {}).items():
-                    row[I_FP + slot] = self.expr(value, refs)
-            for ref in (*row[I_SRC:I_SRC + MAX_SRC], row[I_LIKE], row[I_FROM]):
-                if ref >= 0:
-                    refs.add(ref)
-            if r["kind"] == SELECT:
-                refs = set()                    # a branch is marked only when chosen (backward.py)
+                    row[I_FP + slot] = self.scalar(value)
+                for ref in (*row[I_SRC:I_SRC + MAX_SRC], row[I_LIKE], row[I_FROM]):
+                    if ref >= 0:
+                        refs.add(ref)           # a SELECT's branch is marked only when chosen (backward.py)
             if any(d >= j for d in refs) or len(refs) > MAX_DEPS:
                 raise ValueError(f"rule of {tape.name!r}: instruction {j} reads a later one")
             self.ins.append(row)
             self.deps.append(sorted(refs) + [-1] * (MAX_DEPS - len(refs)))
-        return start
+        return start, self.trees
 
 
 class Tables:
-    """Every op's rule program, as the jitted backward pass reads them."""
+    """Every op's rule program, as the jitted backward pass reads them, and its scalars."""
 
     def __init__(self) -> None:
         n = registry.n_codes()
@@ -392,26 +462,57 @@ class Tables:
         self.start = np.zeros(n, np.int64)
         self.count = np.zeros(n, np.int64)
         self.result = np.full((n, MAX_SRC), NONE, np.int64)
+        self.n_scalars = np.zeros(n, np.int64)
+        self.trees: Dict[int, List[tuple]] = {}      # opcode -> its scalars
+        self.programs: Dict[int, Scalars] = {}
         comp = _Compiler()
         for spec in registry.OPS.values():
             self.kind[spec.code] = rule_kind(spec.vjp)
             if self.kind[spec.code] != PROGRAM:
                 continue
             tape, refs = record(spec)
-            self.start[spec.code] = comp.add(tape)
+            self.start[spec.code], self.trees[spec.code] = comp.add(tape)
             self.count[spec.code] = len(tape.rows)
             self.result[spec.code] = refs
+            self.n_scalars[spec.code] = len(self.trees[spec.code])
+            self.programs[spec.code] = Scalars(self.trees[spec.code])
         self.ins = np.array(comp.ins or [[-1] * WIDTH], np.int64).reshape(-1, WIDTH)
         self.deps = np.array(comp.deps or [[-1] * MAX_DEPS], np.int64).reshape(-1, MAX_DEPS)
-        self.code = np.array(comp.code or [(0, 0, 0)], np.int64).reshape(-1, 3)
-        self.index = np.array(comp.index or [(0, 0)], np.int64).reshape(-1, 2)
-        self.consts = np.array(comp.consts or [0.0], np.float64)
 
     def arrays(self):
-        return self.kind, self.start, self.count, self.result, self.ins, self.deps, self.code, self.index, self.consts
+        return self.kind, self.start, self.count, self.result, self.ins, self.deps
 
     def instructions(self, name: str) -> int:
         return int(self.count[registry.BY_NAME[name].code])
+
+    def scalars(self, nodes, order: np.ndarray, need: np.ndarray):
+        """(first, stride, ivals, fvals): the scalars of the rule of every node of
+        ``order[::-1]`` that needs a gradient, in numpy, op by op over all its nodes at once;
+        scalar i of the node at position p is at first[p] + i * stride[p] (an op's nodes
+        hold one block, a column per scalar).  ivals are the values cast to int64, except a
+        parameter copied as it is: exact (a dropout seed may pass 2**53)."""
+        rev = order[::-1]
+        ops = nodes.op[rev]
+        count = np.where((need[rev] != 0) & ((nodes.flags[rev] & F_LEAF) == 0), self.n_scalars[ops], 0)
+        first, stride = np.zeros(rev.size, np.int64), np.zeros(rev.size, np.int64)
+        fvals, ivals = np.zeros(int(count.sum()) + 1), np.zeros(int(count.sum()) + 1, np.int64)
+        end = 0
+        with np.errstate(all="ignore"):
+            for code in np.unique(ops[count > 0]).tolist():
+                at = np.flatnonzero((ops == code) & (count > 0))
+                ids, program, size = rev[at], self.programs[code], at.size * int(self.n_scalars[code])
+                first[at], stride[at] = np.arange(end, end + at.size), at.size
+                block, exact = fvals[end:end + size].reshape(-1, at.size), ivals[end:end + size].reshape(-1, at.size)
+                values = program.run(nodes, ids)
+                for i, step in enumerate(program.outputs):
+                    block[i] = values[step]
+                exact[:] = block                              # cast to int64
+                for i, step in enumerate(program.outputs):
+                    if program.exact[i]:
+                        leaf = program.steps[step]
+                        exact[i] = nodes.ip[ids if leaf[1] == OUT else nodes.src[ids, SRC - leaf[1]], leaf[2]]
+                end += size
+        return first, stride, ivals, fvals
 
 
 NO_RULE, SKIP, PROGRAM = 0, 1, 2      # rule kinds: no rule (an error to need one), nothing flows, a program

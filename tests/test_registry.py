@@ -12,7 +12,6 @@ from jitgraph import registry
 from jitgraph.registry import NO_GRAD, OPS, ZERO_GRAD
 
 from .naive import FUZZ_FAMILIES, REF
-from .rule_graphs import cases, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

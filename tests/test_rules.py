@@ -55,13 +55,65 @@ def test_a_rule_records_its_instructions_and_results():
     (lambda g, x: g if x else g, r"a rule's node has no truth value: use either"),
     (lambda g, x: (g, g), r"rule of 'fake': 2 results for its 1 sources \('x',\)"),
     (lambda g, x: 1.0, r"rule of 'fake': result 0 is not a node of the rule"),
-    (lambda g, x: either(op.exp(g).shape[3] == 1, g, x), r"a condition may read only g, out and the sources"),
-    (lambda g, x: (g @ x) + g, r"a product that is not a result"),
+    (lambda g, x: either(op.exp(g).ip(0) == 1, g, x), r"'fake': a scalar reads the ip of the node of instruction 0"),
+    (lambda g, x: op.affine(g, shift=g.id), r"'fake': a scalar reads the id of g; of g and of an emitted node"),
+    (lambda g, x: op.affine(g, shift=x.source(0).shape[1]), r"'fake': a scalar reads the shape of a source's source"),
+    (lambda g, x: (g @ x) + g, r"'fake': a product that is not a result"),
 ])
 def test_a_wrong_rule_fails_when_recorded_naming_the_op(vjp, message):
     with pytest.raises((ValueError, TypeError, AttributeError), match=message):
         tape, _ = rules.record(fake(vjp))
         rules._Compiler().add(tape)
+
+
+def test_an_emitted_nodes_shape_is_known_from_its_emission():
+    """A scalar that reads a node the rule emitted reads it through the emission: ``like``'s
+    shape with ``dims`` changed, the broadcast of the sources, a SELECT's chosen branch."""
+    def vjp(g, a, b, out):
+        wide = op.reshape(a, like=a, dims={1: a.shape[1] * 3, 2: 1})
+        both = op.add(a, b)                                   # the broadcast of a and b
+        pick = either(out.shape[0] > 2, wide, both)
+        return op.affine(g, scale=wide.shape[1] + wide.shape[2], shift=pick.shape[0] + both.ndim), None
+    tape, _ = rules.record(fake(vjp, arity=2))
+    comp = rules._Compiler()
+    _, trees = comp.add(tape)
+    scale, shift = (trees[comp.ins[-1][rules.I_FP + slot]] for slot in (0, 1))       # the affine's
+    a, b, out = rules.SRC, rules.SRC - 1, rules.OUT
+    one = ("const", 1.0)
+    assert scale == ("add", ("mul", ("shape", a, 1), ("const", 3.0)), one)         # wide: (., 3 a1, 1, .)
+    a0, b0 = ("shape", a, 0), ("shape", b, 0)
+    broadcast0 = ("select", ("ne", b0, one), b0, a0)
+    ndim = ("select", ("gt", ("ndim", b, 0), ("ndim", a, 0)), ("ndim", b, 0), ("ndim", a, 0))
+    assert shift == ("add", ("select", ("gt", ("shape", out, 0), ("const", 2.0)), a0, broadcast0), ndim)
+
+
+@pytest.mark.parametrize("text", ["p // r", "p % r", "1 << (r * r)", "(p > r) & (r != 0) | (p == 3)", "~(p < 0)",
+                                  "-p / (r * r + 1)", "either(p >= 2, p * 0.5, 1 - r)"])
+def test_scalars_are_evaluated_as_python_would(text):
+    """Tables.scalars evaluates a rule's scalars for all of an op's nodes at once, in numpy:
+    the values Python's own arithmetic gives, integer division and remainder included (by
+    zero: 0)."""
+    nodes = jg.Graph(np.float64).nodes
+    nodes.reserve(8)
+    ps, rs = np.array([-7, -3, 0, 2, 3, 9]), np.array([2, -4, 3, 0, 5, -2])
+    ids = np.arange(ps.size)
+    nodes.ip[ids, 0], nodes.ip[ids, 1] = ps, rs
+    tape = rules.Tape("fake")
+    out = rules.Sym(tape, rules.OUT)
+    p, r = out.ip(0), out.ip(1)
+    comp = rules._Compiler()
+    comp.name, comp.rows, comp.index, comp.trees = "fake", [], {}, []
+    tree = comp.tree(rules._num(eval(text, {"p": p, "r": r, "either": either})).tree)
+    program = rules.Scalars([tree])
+    got = program.run(nodes, ids)[program.outputs[0]]
+
+    def python(pv, rv):
+        if ("//" in text or "%" in text) and rv == 0:
+            return 0.0
+        pick = (lambda c, u, v: u if c else v)
+        value = eval(text.replace("~", "not "), {"p": pv, "r": rv, "either": pick})
+        return float(value)
+    np.testing.assert_array_equal(np.broadcast_to(got, ids.shape), [python(int(a), int(b)) for a, b in zip(ps, rs)])
 
 
 def test_a_copied_int_parameter_is_exact_past_2_to_the_53():

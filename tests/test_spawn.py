@@ -89,6 +89,7 @@ def test_compile_helpers_load_the_installed_jitgraph_from_a_clones_root(installe
     (loss, where), err = run(installed, "run.py", clone, cache, log)
     assert where == str(site / "jitgraph" / "__init__.py")
     assert "2 processes" in err                                 # a helper process really compiled
+    assert "rule" not in err                                    # gradient rules are data: nothing to compile
     assert not log.exists(), log.read_text()                    # and no process imported the impostor
     keys = [p.name for p in (cache / "jitgraph").iterdir()]
     assert len(keys) == 1, keys                                 # one package, one cache folder

@@ -20,13 +20,12 @@ from numba import njit
 
 from enum import IntEnum
 
-from ..emit import new_node
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..ir import F_GRAD
 from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, RUN_TILES, data_pointer,
                       gemm, gemm64, operand, output, run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, MATMUL, TRANSPOSE, defop, slots
+from ..rules import either, lays_out_products, op
 from ..status import OK
 from .common import as_tensor, graph_of
 from .shape import TransposeIP, reshape
@@ -222,32 +221,28 @@ def _run_matmul(n, lo, hi, ctx, mem, store):
     return _product(run_view(ctx, mem, store), n, lo, hi)
 
 
-@njit(cache=True)
-def product_node(G, st, n, k, x, tx, y, ty):
-    """A PRODUCT of a rule (rules.py): op(x) @ op(y), with transpose flags tx, ty, as the
-    gradient of source k of product node n, laid out as that source is stored: when it is
-    stored transposed, the product computes the transpose, (X Y)^T = Y^T X^T -- flags
-    flip, no transpose node.  The gradient of a 2-D operand broadcast over a batch is one
-    FLAT product over all the batch's rows; other batch dims are n's, summed away by the
-    backward pass.  A FLAT product's gradients are FLAT products shaped like their operand."""
-    src, shape, ip = G.src, G.shape, G.ip
-    a, b, target = src[n, 0], src[n, 1], src[n, k]
-    if ip[n, MatmulIP.trans_a] if k == 0 else ip[n, MatmulIP.trans_b]:
-        x, y, tx, ty = y, x, 1 - ty, 1 - tx
-    rows = shape[n, 0] * shape[n, 1] * shape[n, 2]
-    flat = ip[n, MatmulIP.mode] == FLAT or (
-        k == 1 and ip[n, MatmulIP.trans_a] == 0 and shape[b, 0] * shape[b, 1] == 1 and shape[n, 0] * shape[n, 1] > 1
-        and shape[a, 0] == shape[n, 0] and shape[a, 1] == shape[n, 1])      # dB over all rows at once
-    t = new_node(G, st, MATMUL, x, y, target if flat else n, F_GRAD, n, k)
-    ip[t, MatmulIP.trans_a] = tx
-    ip[t, MatmulIP.trans_b] = ty
-    if flat:
-        ip[t, MatmulIP.mode] = FLAT
-    else:
-        shape[t, 2] = shape[target, 2]
-        shape[t, 3] = shape[target, 3]
-    ip[t, MatmulIP.contracted] = shape[n, 3] if k == 0 else (rows if flat else shape[n, 2])   # dA over N, dB over M
-    return t
+@lays_out_products
+def _gradient_product(x, tx, y, ty, k, out, sources):
+    """op(x) @ op(y) in a rule (flags tx, ty), as the gradient of source k of product node
+    ``out``, laid out as that source is stored: when it is stored transposed, the product
+    computes the transpose, (X Y)^T = Y^T X^T -- operands swap, flags flip, no transpose
+    node.  The gradient of a 2-D operand broadcast over a batch is one FLAT product over all
+    the batch's rows; other batch dims are out's, summed away by the backward pass.  A FLAT
+    product's gradients are FLAT products shaped like their operand."""
+    a, b = sources
+    target = sources[k]
+    stored_transposed = out.ip(MatmulIP.trans_a if k == 0 else MatmulIP.trans_b)
+    flat = out.ip(MatmulIP.mode) == FLAT
+    if k == 1:                             # dB over all rows at once
+        flat = flat | ((out.ip(MatmulIP.trans_a) == 0) & (b.shape[0] * b.shape[1] == 1)
+                       & (out.shape[0] * out.shape[1] > 1) & (a.shape[0] == out.shape[0])
+                       & (a.shape[1] == out.shape[1]))
+    rows = out.shape[0] * out.shape[1] * out.shape[2]
+    return op.matmul(either(stored_transposed, y, x), either(stored_transposed, x, y),
+                     like=either(flat, target, out), dims={2: target.shape[2], 3: target.shape[3]},
+                     trans_a=either(stored_transposed, 1 - ty, tx), trans_b=either(stored_transposed, 1 - tx, ty),
+                     mode=either(flat, FLAT, 0),
+                     contracted=out.shape[3] if k == 0 else either(flat, rows, out.shape[2]))   # dA over N, dB over M
 
 
 def _matmul_vjp(g, a, b, trans_a, trans_b):
