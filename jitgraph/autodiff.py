@@ -15,7 +15,7 @@ __all__ = ["build_backward", "grad", "pareto"]
 
 def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
                    memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
-                   zero_table: bool = True, slots: Optional[int] = None) -> BackwardGraph:
+                   zero_table: bool = True, slots: Optional[int] = None, fuse: bool = True) -> BackwardGraph:
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -37,7 +37,8 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
 
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
     ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
-    and every contribution is added (the graph the zero table avoids).
+    and every contribution is added (the graph the zero table avoids).  ``fuse=False``
+    runs every node alone (no groups: for comparison and debugging); the bits are the same.
     """
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph
@@ -46,11 +47,11 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
         first = g.nodes.n
         params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
         end = g.nodes.n
-        sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place), checkpoints, memory_budget, policy,
-                            slots)
+        sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place, fuse), checkpoints, memory_budget,
+                            policy, slots)
         if sched is not None:
             apply(g, fwd, first, end, sched)
-        return BackwardGraph(fwd, params, grad_nodes, in_place=in_place)
+        return BackwardGraph(fwd, params, grad_nodes, in_place=in_place, fuse=fuse)
 
 
 def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
@@ -61,20 +62,20 @@ def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
         return [bwd.grad_tensor(p) for p in wrt]
 
 
-def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True) -> List[dict]:
+def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True, fuse: bool = True) -> List[dict]:
     """The frontier of (planned peak bytes, recompute flops) over memory budgets.
 
     Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops,
     n_recomputed), lowest peak first, each cheaper to recompute than the one
-    before: the trade-offs worth having.  Works on a scratch copy: ``fwd``'s graph
-    is not changed.
+    before: the trade-offs worth having, with the peaks of fused programs (``fuse=False``:
+    of unfused ones).  Works on a scratch copy: ``fwd``'s graph is not changed.
     """
     if not isinstance(fwd, ForwardGraph) or len(fwd.outputs) != 1 or fwd.outputs[0].shape != ():
         raise GraphError("pareto: expects the ForwardGraph of a scalar loss")
     scratch = fwd.graph.scratch_copy()
     first = scratch.nodes.n
     _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
-    planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place)
+    planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse)
     return planner.frontier(n_budgets)
 
 

@@ -19,10 +19,11 @@ from . import registry
 from .budget import budget_dp
 from .cost import analyze_forward, compute_bound, total_flops
 from .errors import GraphError
+from .fuse import fuse_and_plan
 from .graph import Tensor
 from .ir import F_CHECKPOINT, F_LEAF, F_SEGMENT
 from .ops.common import graph_of
-from .plan import K_VIEW, backward_orders, best_plan
+from .plan import K_VIEW, backward_orders
 from .revolve import FIRST_SWEEP, RECOMPUTED, default_slots, optimal_steps, schedule
 from .rewrite import NEVER, Schedule, one_level, run_rewrite
 from .running import io_slots, statistics_nodes
@@ -35,13 +36,13 @@ MAX_REVOLVE_STEPS = 8        # plans searched by budgets and pareto recompute <=
 class Trial:
     """Rewrite + order + plan of one schedule on a scratch copy of the node table."""
 
-    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place, to_schedule):
+    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place, to_schedule, fuse=True):
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
         self.io_slots = io_slots(graph.nodes, fwd_order, self.io)        # what Program plans in io
         self.keep_out = np.asarray([loss_id], np.int64)
-        self.in_place = in_place
+        self.in_place, self.fuse = in_place, fuse       # priced as the program will run: fused
         self.is_forward = np.zeros(end, np.uint8)
         self.is_forward[fwd_order] = 1
         self._to_schedule = to_schedule
@@ -59,8 +60,8 @@ class Trial:
             return None
         is_forward = np.zeros(n, np.uint8)
         is_forward[: self.end] = self.is_forward
-        order, mem = best_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward),
-                               self.io_slots, self.keep_out, self.in_place)
+        order, _, mem = fuse_and_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward),
+                                      self.io_slots, self.keep_out, self.in_place, self.fuse)
         copies = order[order >= self.end]
         flops = total_flops(G, copies)
         return dict(peak_bytes=int(mem[2]) * self.graph.dtype.itemsize, recompute_flops=flops,
@@ -116,12 +117,12 @@ MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow
 class Planner:
     """Everything the strategies need about one forward graph and its plain backward."""
 
-    def __init__(self, graph, fwd, first, end, grad_nodes, in_place):
+    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse=True):
         self.graph, self.fwd, self.first, self.end = graph, fwd, first, end
         self.order = fwd.order
         self.loss = fwd.outputs[0].id
         self.itemsize = graph.dtype.itemsize
-        self._grad_nodes, self._in_place = grad_nodes, in_place
+        self._grad_nodes, self._in_place, self._fuse = grad_nodes, in_place, fuse
         self._analysis = None
         self._trial = None
         self._steps = None
@@ -144,7 +145,7 @@ class Planner:
     def trial(self):
         if self._trial is None:
             self._trial = Trial(self.graph, self.order, self.first, self.end, self.loss, self._grad_nodes,
-                                self._in_place, self.schedule)
+                                self._in_place, self.schedule, self._fuse)
         return self._trial
 
     def keep(self, kept_ids=(), recompute_ids=None):

@@ -218,17 +218,6 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
     return loc, off, peak, io, n_in_place, free_at, free_off[:nev], free_size[:nev], alloc_size
 
 
-def best_plan(G, n_nodes, orders, io_nodes, keep_nodes, in_place):
-    """(order, plan) of the candidate order whose plan peaks lowest (the first on ties)."""
-    best = None
-    kinds = registry.table("kind")
-    for order in orders:
-        plan = plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds)
-        if best is None or plan[2] < best[1][2]:
-            best = (order, plan)
-    return best
-
-
 def backward_orders(G, n_nodes, fwd_order, grad_roots, is_forward):
     """The candidate execution orders of a backward program, both starting with the
     forward order: (1) the backward nodes the gradients need in the order the

@@ -13,13 +13,15 @@ import numpy as np
 from . import compiler
 from .cost import total_flops
 from .errors import GraphError
+from .fuse import fuse_and_plan
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import block_runner, needs_blocks, run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, aligned_zeros
-from .running import RunningStats, io_slots
+from .ops.group import members_of
 from .order import topo_order
-from .plan import K_VIEW, backward_orders, best_plan
-from .registry import OPS, table
+from .plan import K_VIEW, backward_orders
+from .registry import GROUP, OPS, table
+from .running import RunningStats, io_slots
 from .status import ERR_INDEX, ERR_NOT_COMPILED
 from .threads import enter_run, held_blas
 from .viz import plot_memory, render_svg, rich_html, to_dot
@@ -69,19 +71,23 @@ class Program:
     """An execution order over a graph's nodes with a memory plan."""
 
     def __init__(self, graph: Graph, order: Any, outputs: List[Tensor], single: bool, io_nodes: Any = (),
-                 in_place: bool = True) -> None:
+                 in_place: bool = True, fuse: bool = True) -> None:
         """``order``: an execution order, or a list of candidate orders (the one whose
-        plan peaks lowest is kept)."""
+        plan peaks lowest is kept); ``fuse``: group elementwise nodes (fuse.py)."""
         self.graph = graph
         self.outputs = outputs            # Tensors returned by run()
         self._single = single
         self.in_place = bool(in_place)
+        self.fused = bool(fuse)
         nodes = graph.nodes
         candidates = order if isinstance(order, list) else [order]
         # batch statistics outlive the run in io slots: the running statistics are updated from them after it
         io = io_slots(nodes, candidates[0], io_nodes)
-        self.order, plan = best_plan(nodes.arrays(), nodes.n, candidates, io,
-                                     np.asarray([t.id for t in outputs], np.int64), self.in_place)
+        outs = np.asarray([t.id for t in outputs], np.int64)
+        # order: every node, as built and differentiated; each candidate fused, then planned
+        self.order, self._fused, plan = fuse_and_plan(nodes.arrays(), nodes.n, candidates, io, outs,
+                                                      self.in_place, fuse)
+        self.run_order = self._fused.order              # what runs and is planned: a group in its last member's place
         (self.loc, self.off, arena_elems, io_elems, n_in_place,
          self._free_at, self._free_off, self._free_size, self._alloc_size) = plan
         self.arena_elems = int(arena_elems)
@@ -94,7 +100,7 @@ class Program:
         in_order = (nodes.flags[self.order] & F_INPUT) != 0
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
-        self._op_codes = np.unique(nodes.op[self.order])   # once: per run it cost ~10 ns a node
+        self._op_codes = np.unique(np.append(nodes.op[self.order], GROUP if self._fused.n_groups else 0))
         self._calls_blas = any(OPS[int(c)].blas for c in self._op_codes)
         self._tables: Optional[Tuple[np.ndarray, np.ndarray, int]] = None   # (runners, natives, blocks) once compiled
 
@@ -104,7 +110,7 @@ class Program:
         return self.graph.dtype.itemsize
 
     def _is_view(self):
-        return table("kind")[self.graph.nodes.op[self.order]] == K_VIEW
+        return table("kind")[self.graph.nodes.op[self.run_order]] == K_VIEW
 
     @property
     def peak_bytes(self) -> int:
@@ -115,15 +121,15 @@ class Program:
     def persistent_bytes(self) -> int:
         """Inputs (io buffer) plus the params and consts this program reads."""
         nodes = self.graph.nodes
-        leaf = self.order[(self.loc[self.order] == LOC_STORE) & ~self._is_view()]  # views: no bytes
+        leaf = self.run_order[(self.loc[self.run_order] == LOC_STORE) & ~self._is_view()]  # views: no bytes
         sizes = nodes.shape[leaf].prod(axis=1)
         return int(self.io_elems + sizes.sum()) * self.itemsize
 
     def memory_timeline(self) -> np.ndarray:
         """Live arena bytes after each step of the execution order (from the plan)."""
-        freed = np.zeros(self.order.size, np.int64)
+        freed = np.zeros(self.run_order.size, np.int64)
         counts = np.diff(self._free_at)
-        steps = np.repeat(np.arange(self.order.size), counts)
+        steps = np.repeat(np.arange(self.run_order.size), counts)
         np.add.at(freed, steps, self._free_size)
         return (np.cumsum(self._alloc_size) - np.cumsum(freed)) * self.itemsize
 
@@ -131,12 +137,28 @@ class Program:
     def unplanned_bytes(self) -> int:
         """What the arena would need without reuse: every computed tensor its own buffer."""
         nodes = self.graph.nodes
-        arena = self.order[(self.loc[self.order] == LOC_ARENA) & ~self._is_view()]
+        arena = self.run_order[(self.loc[self.run_order] == LOC_ARENA) & ~self._is_view()]
         return int(nodes.shape[arena].prod(axis=1).sum()) * self.itemsize
+
+    def _run_table(self):
+        return self._fused.nodes if self._fused.n_groups else self.graph.nodes.arrays()
+
+    @property
+    def run_table(self) -> Any:
+        """The node table (ir.Nodes) runs read, with ``run_order``: the program's own copy
+        when it has groups (a group is a GROUP node in its last member's row), else the graph's."""
+        return self._run_table()
+
+    def groups(self) -> Dict[int, List[int]]:
+        """{group node: its member nodes in order} (the group node is its last member)."""
+        G, code = self._fused.nodes, self._fused.code
+        return {int(n): members_of(code, int(G.ip[n, 0])) for n in self.run_order[G.op[self.run_order] == GROUP]}
 
     def stats(self) -> Dict[str, Any]:
         return {
             "n_nodes": int(self.order.size),
+            "n_groups": self._fused.n_groups,
+            "n_fused": int(self.order.size - self.run_order.size) + self._fused.n_groups,
             "n_forward": int(self.order.size),
             "n_backward": 0,
             "n_recomputed": 0,
@@ -222,13 +244,13 @@ class Program:
         enter_run()
         with self._blas_held(natives):
             if debug:
-                status, node, detail = run_nodes_debug(g.nodes.arrays(), self.order, self.loc, self.off, mem,
+                status, node, detail = run_nodes_debug(self._run_table(), self.run_order, self.loc, self.off, mem,
                                                        g.store, salt, runners, natives, split, blocks,
-                                                       self.arena_elems, self._free_at, self._free_off,
-                                                       self._free_size)
+                                                       self._fused.code, self.arena_elems, self._free_at,
+                                                       self._free_off, self._free_size)
             else:
-                status, node, detail = run_nodes(g.nodes.arrays(), self.order, self.loc, self.off, mem, g.store,
-                                                 salt, runners, natives, split, blocks)
+                status, node, detail = run_nodes(self._run_table(), self.run_order, self.loc, self.off, mem, g.store,
+                                                 salt, runners, natives, split, blocks, self._fused.code)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
         if self._running is not None:        # once per successful run, never for a failed one
@@ -247,13 +269,13 @@ class Program:
         tables = self._tables
         if tables is None:
             g = self.graph
-            G = g.nodes.arrays()
+            G = self._run_table()
             natives = compiler.natives(g.dtype)
             if g.dtype.name not in _interpreter_ready:
-                run_nodes(G, self.order[:0], self.loc, self.off, mem, g.store, salt,
-                          np.zeros(1, np.int64), natives, split, 0)
+                run_nodes(G, self.run_order[:0], self.loc, self.off, mem, g.store, salt,
+                          np.zeros(1, np.int64), natives, split, 0, self._fused.code)
                 _interpreter_ready.add(g.dtype.name)
-            blocks = block_runner(g.dtype) if needs_blocks(G, self.order, split) else 0
+            blocks = block_runner(g.dtype) if needs_blocks(G, self.run_order, split) else 0
             tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives, blocks)
         return tables
 
@@ -266,26 +288,29 @@ class Program:
         self._bind(feeds, self.mem)
         g = self.graph
         nodes = g.nodes
-        G = nodes.arrays()
+        G = self._run_table()
         salt = _salt(seed)
         split = table("split")
         runners, natives, blocks = self._kernels(self.mem, salt, split)
-        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split, blocks)
+        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split, blocks, self._fused.code)
         enter_run()
         clock = time.perf_counter
-        empty = self.order[:0]
+        empty = self.run_order[:0]
         with self._blas_held(natives):
             base = min(_timed(run_nodes, G, empty, args, clock) for _ in range(20))
-            best = np.full(self.order.size, np.inf)
+            best = np.full(self.run_order.size, np.inf)
             for _ in range(max(1, repeats)):
-                for t in range(self.order.size):
-                    best[t] = min(best[t], _timed(run_nodes, G, self.order[t:t + 1], args, clock) - base)
+                for t in range(self.run_order.size):
+                    best[t] = min(best[t], _timed(run_nodes, G, self.run_order[t:t + 1], args, clock) - base)
         forward = set(getattr(self, "forward", self).order.tolist())
+        members = self.groups()
         groups: Dict[tuple, list] = {}
-        for t, n in enumerate(self.order.tolist()):
+        for t, n in enumerate(self.run_order.tolist()):
             phase = ("recomputed" if nodes.flags[n] & F_RECOMPUTED else
                      "forward" if n in forward else "backward")
-            row = groups.setdefault((OPS[int(nodes.op[n])].label, phase), [0, 0.0, 0])
+            label = (OPS[int(nodes.op[n])].label if n not in members else
+                     "group(" + ", ".join(OPS[int(nodes.op[m])].name for m in members[n]) + ")")
+            row = groups.setdefault((label, phase), [0, 0.0, 0])
             row[0] += 1
             row[1] += max(float(best[t]), 0.0)
             row[2] += int(np.prod(g.shape_of(n), dtype=np.int64))
@@ -317,6 +342,10 @@ class Program:
         """The data of node n after a run (a copy, shaped): of the last finished run, or of
         run buffer ``mem``."""
         g = self.graph
+        root = int(self._fused.root[n]) if 0 <= n < self._fused.root.size else -1
+        if root not in (-1, n):
+            raise GraphError(f"{g.label(n)!r} was fused into the group of {g.label(root)!r} and has no buffer: "
+                             "build the program with fuse=False to read it")
         size = int(np.prod(g.shape_of(n), dtype=np.int64))
         o = int(self.off[n])
         k = int(self.loc[n])
@@ -343,11 +372,16 @@ class Program:
     def nodes(self) -> List[Dict[str, Any]]:
         """One dict per node in execution order: id, name, describe (what it is; for a
         gradient node, the forward node and rule it comes from), op, shape, bytes,
-        sources, flags, loc and offset (planned, in bytes)."""
+        sources, flags, loc and offset (planned, in bytes; loc "group" and the group
+        node's id for a member that runs inside its group, fuse.py)."""
         rows = self.graph.node_rows(self.order)
+        root = self._fused.root
         for row in rows:
             n = row["id"]
-            row.update(loc=("arena", "store", "io")[int(self.loc[n])], offset=int(self.off[n]) * self.itemsize)
+            if 0 <= root[n] != n:               # runs inside its group: no buffer of its own
+                row.update(loc="group", offset=int(root[n]))
+            else:
+                row.update(loc=("arena", "store", "io")[int(self.loc[n])], offset=int(self.off[n]) * self.itemsize)
         return rows
 
     # ---- pictures (Jupyter shows _repr_html_: the picture and a folded node table) ----
@@ -362,7 +396,7 @@ class Program:
             fold = set(self.forward.order.tolist())
         param_of = {n: p for p, n in zip(getattr(self, "params", ()), getattr(self, "grad_nodes", ())) if n >= 0}
         return to_dot(self.graph, self.order, max_nodes=max_nodes, fold_forward=fold, legend=legend,
-                      rankdir=rankdir, title=self._title(), param_of=param_of)
+                      rankdir=rankdir, title=self._title(), param_of=param_of, groups=self.groups())
 
     def _title(self):
         outs = ", ".join(t.label for t in self.outputs)
@@ -411,9 +445,11 @@ class ForwardGraph(Program):
         return f"<ForwardGraph {self.order.size} nodes -> {outs}, peak {self.peak_bytes} B>"
 
 
-def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = True) -> "ForwardGraph":
-    """Topologically order everything ``outputs`` (a Tensor or list) depend on,
-    and plan its memory (``in_place=False``: no elementwise op overwrites a source)."""
+def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = True,
+                  fuse: bool = True) -> "ForwardGraph":
+    """Topologically order everything ``outputs`` (a Tensor or list) depend on, fuse
+    connected elementwise nodes into groups (``fuse=False``: none) and plan its memory
+    (``in_place=False``: no elementwise op overwrites a source)."""
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
     # a first run's kernels (and, with params, gradient rules) start compiling in other processes now
@@ -421,7 +457,7 @@ def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = Tru
     order = execution_order(g, [t.id for t in outs], "build_forward")
     for t in outs:
         g.nodes.flags[t.id] |= F_OUTPUT
-    return ForwardGraph(g, order, outs, single, in_place=in_place)
+    return ForwardGraph(g, order, outs, single, in_place=in_place, fuse=fuse)
 
 
 class BackwardGraph(Program):
@@ -431,7 +467,8 @@ class BackwardGraph(Program):
     ``W.grad`` or ``bwd.grad(W)``.
     """
 
-    def __init__(self, fwd: ForwardGraph, params: Any, grad_nodes: Any, in_place: bool = True) -> None:
+    def __init__(self, fwd: ForwardGraph, params: Any, grad_nodes: Any, in_place: bool = True,
+                 fuse: bool = True) -> None:
         g = fwd.graph
         self.forward = fwd
         self.loss = fwd.outputs[0]
@@ -447,7 +484,7 @@ class BackwardGraph(Program):
         orders = backward_orders(nodes.arrays(), nodes.n, fwd.order, live, is_forward)
         if orders is None:
             raise GraphError("build_backward: the graph refers to a node outside it")
-        super().__init__(g, orders, [self.loss], True, io_nodes=live, in_place=in_place)
+        super().__init__(g, orders, [self.loss], True, io_nodes=live, in_place=in_place, fuse=fuse)
 
     def __repr__(self):
         return (f"<BackwardGraph {self.order.size} nodes ({self.forward.order.size} forward), "

@@ -10,6 +10,10 @@ each of its ops with one :func:`defop` call, right below the op's three parts:
 * the **vjp** -- the gradient rule, appending gradient nodes (see ``backward.py``);
   :data:`ZERO_GRAD` for a piecewise-constant op, :data:`NO_GRAD` for none.
 
+``fuse=True`` says the runner also computes a *chunk* of a group (its family's
+convention, native.py's CHUNK): the fusion pass (fuse.py) may then put the op in a
+group with its elementwise neighbours.
+
 Opcodes are explicit and **stable**: a code is never reused or renumbered (a test
 pins them), so code compiled and cached against one op table can never dispatch to
 the wrong kernel after another op is added.  Saved graphs store op *names*.
@@ -82,7 +86,8 @@ BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76   # ops
 CONV2D, CONV2D_WEIGHT = 79, 80                                         # ops/conv.py
 IM2COL, COL2IM = 81, 82                                                # ops/windows.py
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
-NEXT_CODE = 90
+GROUP = 90                                                             # ops/group.py: fused elementwise nodes
+NEXT_CODE = 91
 
 
 def _names(params: Any, what: str) -> tuple:
@@ -114,6 +119,7 @@ class Op:
     sources: tuple = ()           # the names its rule gives its sources
     ip_names: tuple = ()          # its int parameters by slot (G.ip[n, slot]); '' for an unused slot
     fp_names: tuple = ()          # its float parameters by slot (G.fp[n, slot])
+    fuse: bool = False            # its runner computes a group's chunk too (fuse.py)
 
     @property
     def differentiable(self) -> bool:
@@ -138,7 +144,8 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           runner: Optional[Callable[..., Any]] = None, vjp: Any = NO_GRAD, *, arity: int,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
           label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None,
-          blas: bool = False, sources: Optional[tuple] = None, ip: Any = None, fp: Any = None) -> int:
+          blas: bool = False, sources: Optional[tuple] = None, ip: Any = None, fp: Any = None,
+          fuse: bool = False) -> int:
     """Declare an op; returns its code.  See the module docstring.  ``sources`` names the
     sources for its rule; ``ip`` / ``fp`` are IntEnums naming its int / float parameter
     slots, read by name everywhere (``v.ip[n, SoftmaxIP.axis]``)."""
@@ -159,6 +166,8 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         raise ValueError(f"op {name!r}: unknown kind {kind!r}")
     if (runner is None) != (kind in (LEAF, VIEW)):
         raise ValueError(f"op {name!r}: leaves and views have no runner, every other op has one")
+    if fuse and (kind != ELEMENTWISE or ip_names):
+        raise ValueError(f"op {name!r}: only elementwise ops without int parameters fuse")
     if split is None:
         split = ELEMENTS if kind == ELEMENTWISE else NONE
     if split not in SPLITS:
@@ -167,7 +176,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         owner = builder or runner
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
-                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names)
+                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names, fuse)
     BY_NAME[name] = OPS[code]
     if builder is not None and OPS[code].public:
         export(builder)
@@ -213,13 +222,14 @@ _tables: dict = {}
 def table(field: str) -> np.ndarray:
     """A per-opcode int64 array for jitted code: 'kind' (index into KINDS), 'compute'
     (1 for the compute-bound cost class), 'flops', 'arity' (-9 where no op has the code),
-    'split' (index into SPLITS)."""
+    'split' (index into SPLITS), 'fuse' (1 where the op fuses)."""
     got = _tables.get(field)
     if got is None:
         got = np.full(n_codes(), -9 if field == "arity" else 0, np.int64)
         for op in OPS.values():
             got[op.code] = {"kind": KINDS.index(op.kind), "compute": int(op.cost == COMPUTE),
-                            "flops": op.flops, "arity": op.arity, "split": SPLITS.index(op.split)}[field]
+                            "flops": op.flops, "arity": op.arity, "split": SPLITS.index(op.split),
+                            "fuse": int(op.fuse)}[field]
         got.setflags(write=False)
         _tables[field] = got
     return got

@@ -11,8 +11,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .emit import RULE_ACCUMULATE, RULE_COPY, RULE_ZERO
-from .ir import (F_CHECKPOINT, F_CONST, F_GRAD, F_INPUT, F_LOSS, F_OUTPUT, F_PARAM, F_PARAM_GRAD,
-                 F_RECOMPUTED, flag_names)
+from .ir import (F_CHECKPOINT, F_CONST, F_GRAD, F_INPUT, F_LOSS, F_OUTPUT, F_PARAM, F_PARAM_GRAD, F_RECOMPUTED,
+                 flag_names)
 from .registry import LEAF, OPS
 
 # kind -> (fill colour, shape, legend text)
@@ -85,7 +85,8 @@ def _q(text):
     return '"' + _esc(text) + '"'
 
 
-def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=True, rankdir="TB", param_of=None):
+def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=True, rankdir="TB", param_of=None,
+           groups=None):
     """DOT text for the nodes of ``order`` (execution order).
 
     ``max_nodes``: draw at most this many (the last ones, where the interest
@@ -93,6 +94,7 @@ def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=Tr
     forward node ids drawn as one box ``forward pass (N nodes)``; backward nodes
     reading any of them get one edge from that box.  ``param_of``: {gradient node:
     param node}, to label each param's gradient with the param it belongs to.
+    ``groups``: {group node: its members} (fuse.py), each drawn as one cluster.
     """
     param_of = param_of or {}
     nodes = graph.nodes
@@ -134,6 +136,13 @@ def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=Tr
         if kind == "param_grad":
             extra += ", peripheries=2"
         lines.append(f'  n{n} [label="{label}", fillcolor="{fill}", shape={shape}{extra}];')
+    for root, members in (groups or {}).items():
+        inside = [m for m in members if m in visible]
+        if inside:
+            names = ", ".join(OPS[int(nodes.op[m])].name for m in members)
+            lines.append(f'  subgraph cluster_group{root} {{ label={_q(f"group #{root}: {names}")}; fontsize=9; '
+                         'style="rounded,filled"; fillcolor="#f4f4ff"; color="#7777cc"; '
+                         + " ".join(f"n{m};" for m in inside) + " }")
     seen_fold = set()
     for n in shown:
         for s in nodes.sources(n):
@@ -233,9 +242,10 @@ def plot_memory(programs: Sequence[Any], labels: Optional[Sequence[str]] = None,
         x = np.linspace(0, 1, live.size)
         line, = ax.plot(x, live, label=f"{label} (peak {prog.peak_bytes / scale:.2f} {unit})")
         ax.axhline(prog.peak_bytes / scale, color=line.get_color(), ls="--", lw=0.8)
-        n_fwd = getattr(getattr(prog, "forward", None), "order", None)
-        if n_fwd is not None:
-            ax.axvline((n_fwd.size - 1) / max(live.size - 1, 1), color="#999999", lw=0.6)
+        fwd = getattr(prog, "forward", None)
+        if fwd is not None:                  # the steps that run forward nodes (a group as one step)
+            n_fwd = int(np.isin(prog.run_order, fwd.order).sum())
+            ax.axvline((n_fwd - 1) / max(live.size - 1, 1), color="#999999", lw=0.6)
     ax.set_xlabel("execution order (fraction of steps; grey: end of the forward pass)")
     ax.set_ylabel(f"live arena memory ({unit})")
     ax.legend(fontsize=8)

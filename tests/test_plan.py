@@ -9,7 +9,7 @@ import jitgraph as jg
 
 from .conftest import examples
 from jitgraph.ir import LOC_ARENA, LOC_IO, LOC_STORE
-from jitgraph.registry import BY_NAME, ELEMENTWISE
+from jitgraph.registry import ELEMENTWISE, OPS
 
 from .graphgen import evaluate, instance, programs
 
@@ -17,15 +17,20 @@ from .graphgen import evaluate, instance, programs
 def check_no_overlap(prog):
     """Brute force, independent of the planner: no two arena tensors that are live
     at the same step share a byte, except an elementwise node taking over the
-    buffer of a source that dies at that very node."""
+    buffer of a source that dies at that very node.  Over what runs: a group is one
+    node reading its external inputs (fuse.py)."""
     g = prog.graph
-    nodes = g.nodes
-    order = prog.order.tolist()
+    table = prog.run_table
+    order = prog.run_order.tolist()
     pos = {n: t for t, n in enumerate(order)}
     owner, last = {}, {}
+
+    def sources(n):
+        return [int(s) for s in table.src[n] if s >= 0]
+
     for t, n in enumerate(order):
-        owner[n] = owner[int(nodes.src[n, 0])] if jg.Tensor(g, n).op == "reshape" else n
-        for s in nodes.sources(n):
+        owner[n] = owner[int(table.src[n, 0])] if jg.Tensor(g, n).op == "reshape" else n
+        for s in sources(n):
             last[owner[s]] = max(last.get(owner[s], -1), t)
     for o in prog.outputs:
         last[owner[o.id]] = len(order)
@@ -41,9 +46,9 @@ def check_no_overlap(prog):
             if oa + numel[a] <= ob or ob + numel[b] <= oa:
                 continue
             in_place = (b0 == a1 and oa == ob and numel[a] == numel[b]
-                        and a in {owner[s] for s in nodes.sources(b)})
+                        and a in {owner[s] for s in sources(b)})
             assert in_place, f"live tensors {a} and {b} overlap in the arena"
-            assert BY_NAME[jg.Tensor(g, b).op].kind == ELEMENTWISE, "only elementwise ops write in place"
+            assert OPS[int(table.op[b])].kind == ELEMENTWISE, "only elementwise ops write in place"
     # arena within the peak; io slots after it and disjoint; store slots untouched
     for n in owners:
         assert 0 <= prog.off[n] and prog.off[n] + numel[n] <= prog.arena_elems
@@ -78,6 +83,13 @@ def test_random_programs_plan_and_run(program, seed):
     assert np.array_equal(plain.run(), l1)
     for p, g1 in zip(ps, grads1):
         assert np.array_equal(plain.grad(p), g1, equal_nan=True)
+    # nor does running every node alone (no groups)
+    alone = jg.build_backward(jg.build_forward(loss, fuse=False), fuse=False)
+    assert alone.stats()["n_groups"] == 0 and alone.run_order.size == alone.order.size
+    check_no_overlap(alone)
+    assert np.array_equal(alone.run(), l1)
+    for p, g1 in zip(ps, grads1):
+        assert np.array_equal(alone.grad(p), g1, equal_nan=True)
 
 
 def chain(n_layers, B=64, D=64, dtype=np.float32, seed=0):

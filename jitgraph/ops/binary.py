@@ -13,7 +13,7 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Operand, Tensor
-from ..native import operand, output, run_view, same_data, span
+from ..native import CHUNK, chunk_operand, operand, output, run_view, same_data, span
 from ..registry import ADD, AFFINE, DIV, ELEMENTWISE, MUL, SUB, WHERE, defop, export, slots
 from ..rules import either, op
 from ..status import OK
@@ -121,7 +121,13 @@ def row_offset(shape, n, r, s0, s1, s2):
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def binary(v, n, f, lo, hi):
     """Run node n over elements [lo, hi): f(a, b) with broadcasting, f an op's element
-    function (njit, inlined: each op compiles its own loops, with its own math only)."""
+    function (njit, inlined: each op compiles its own loops, with its own math only).  A
+    CHUNK call maps f over a group's chunk, its operands already broadcast (ops/group.py)."""
+    if lo == CHUNK:
+        y, xa, xb = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi), chunk_operand(v, 2, hi)
+        for j in range(hi):
+            y[j] = f(xa[j], xb[j])
+        return OK
     out = output(v, n)
     a = operand(v, n, 0)
     b = operand(v, n, 1)
@@ -167,7 +173,7 @@ def _run_add(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _add, lo, hi)
 
 
-defop(ADD, "add", add, _run_add, arity=2, kind=ELEMENTWISE,
+defop(ADD, "add", add, _run_add, arity=2, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, a, b: (g, g))
 
 
@@ -186,7 +192,7 @@ def _run_sub(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _sub, lo, hi)
 
 
-defop(SUB, "sub", sub, _run_sub, arity=2, kind=ELEMENTWISE,
+defop(SUB, "sub", sub, _run_sub, arity=2, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, a, b: (g, -1.0 * g))
 
 
@@ -205,7 +211,7 @@ def _run_mul(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _mul, lo, hi)
 
 
-defop(MUL, "mul", mul, _run_mul, arity=2, kind=ELEMENTWISE,
+defop(MUL, "mul", mul, _run_mul, arity=2, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, a, b: (g * b, g * a))
 
 
@@ -224,7 +230,7 @@ def _run_div(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _div, lo, hi)
 
 
-defop(DIV, "div", div, _run_div, arity=2, kind=ELEMENTWISE,
+defop(DIV, "div", div, _run_div, arity=2, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, a, b, out: (g / b, -1.0 * (g * out / b)))
 
 
@@ -246,12 +252,15 @@ def scale(t: Tensor, s: float) -> Tensor:
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def _affine_loop(v, n, lo, hi):
-    out = output(v, n)
-    lo, hi = span(lo, hi, out.size)
-    y = out[lo:hi]                            # slices from 0: see _run
-    x = operand(v, n, 0)[lo:hi]
-    a = in_dtype_of(out, v.fp[n, AffineFP.scale])     # in the graph's dtype, as numpy's x * 2.0 is
-    b = in_dtype_of(out, v.fp[n, AffineFP.shift])
+    if lo == CHUNK:                           # a group's chunk (ops/group.py)
+        y, x = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi)
+    else:
+        out = output(v, n)
+        lo, hi = span(lo, hi, out.size)
+        y = out[lo:hi]                        # slices from 0: see _run
+        x = operand(v, n, 0)[lo:hi]
+    a = in_dtype_of(y, v.fp[n, AffineFP.scale])       # in the graph's dtype, as numpy's x * 2.0 is
+    b = in_dtype_of(y, v.fp[n, AffineFP.shift])
     pure = v.fp[n, AffineFP.shift] == 0.0             # a pure scale: keep -0.0 as numpy's x * a does
     if same_data(y, x):                       # in place: one array (see _run)
         if pure:
@@ -273,7 +282,7 @@ def _run_affine(n, lo, hi, ctx, mem, store):
     return _affine_loop(run_view(ctx, mem, store), n, lo, hi)
 
 
-defop(AFFINE, "affine", affine, _run_affine, arity=1, kind=ELEMENTWISE, public=False, fp=AffineFP,
+defop(AFFINE, "affine", affine, _run_affine, arity=1, kind=ELEMENTWISE, fuse=True, public=False, fp=AffineFP,
       vjp=lambda g, scale: either(scale == 1.0, g, scale * g))      # x + c passes g through
 
 

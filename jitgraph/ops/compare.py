@@ -33,7 +33,7 @@ def _run_maximum(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _maximum, lo, hi)
 
 
-defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE,
+defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, a, b: (g * op.greater_equal(a, b), g * op.less(a, b)))      # to the chosen one; ties to a
 
 
@@ -52,7 +52,7 @@ def _run_minimum(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _minimum, lo, hi)
 
 
-defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE,
+defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, a, b: (g * op.less_equal(a, b), g * op.greater(a, b)))
 
 
@@ -71,7 +71,7 @@ def _run_less(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _less, lo, hi)
 
 
-defop(LESS, "less", less, _run_less, ZERO_GRAD, arity=2, kind=ELEMENTWISE, label="<")
+defop(LESS, "less", less, _run_less, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True, label="<")
 
 
 def less_equal(a: Operand, b: Operand) -> Tensor:
@@ -88,7 +88,8 @@ def _run_less_equal(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _less_equal, lo, hi)
 
 
-defop(LESS_EQUAL, "less_equal", less_equal, _run_less_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, label="<=")
+defop(LESS_EQUAL, "less_equal", less_equal, _run_less_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True,
+      label="<=")
 
 
 def greater(a: Operand, b: Operand) -> Tensor:
@@ -105,7 +106,7 @@ def _run_greater(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _greater, lo, hi)
 
 
-defop(GREATER, "greater", greater, _run_greater, ZERO_GRAD, arity=2, kind=ELEMENTWISE, label=">")
+defop(GREATER, "greater", greater, _run_greater, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True, label=">")
 
 
 def greater_equal(a: Operand, b: Operand) -> Tensor:
@@ -123,7 +124,7 @@ def _run_greater_equal(n, lo, hi, ctx, mem, store):
 
 
 defop(GREATER_EQUAL, "greater_equal", greater_equal, _run_greater_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE,
-      label=">=")
+      fuse=True, label=">=")
 
 
 def equal(a: Operand, b: Operand) -> Tensor:
@@ -140,4 +141,4 @@ def _run_equal(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _equal, lo, hi)
 
 
-defop(EQUAL, "equal", equal, _run_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, label="==")
+defop(EQUAL, "equal", equal, _run_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True, label="==")

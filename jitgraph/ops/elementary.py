@@ -44,7 +44,7 @@ def _run_sin(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sin, lo, hi)
 
 
-defop(SIN, "sin", sin, _run_sin, arity=1, kind=ELEMENTWISE, flops=8,
+defop(SIN, "sin", sin, _run_sin, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
       vjp=lambda g, x: g * op.cos(x))
 
 
@@ -62,7 +62,7 @@ def _run_cos(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _cos, lo, hi)
 
 
-defop(COS, "cos", cos, _run_cos, arity=1, kind=ELEMENTWISE, flops=8,
+defop(COS, "cos", cos, _run_cos, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
       vjp=lambda g, x: -1.0 * (g * op.sin(x)))
 
 
@@ -88,7 +88,7 @@ def _run_pow(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _pow, lo, hi)
 
 
-defop(POW, "pow", pow, _run_pow, arity=1, kind=ELEMENTWISE, flops=8, fp=PowFP,
+defop(POW, "pow", pow, _run_pow, arity=1, kind=ELEMENTWISE, fuse=True, flops=8, fp=PowFP,
       vjp=lambda g, x, exponent: either(exponent == 0.0, None, either(      # g p x^(p-1); nothing for p = 0
           exponent == 1.0, g, g * either(exponent == 2.0, 2.0 * x, exponent * op.pow(x, exponent=exponent - 1.0)))))
 
@@ -119,7 +119,7 @@ def _run_clip(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _clip, lo, hi)
 
 
-defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, flops=2, fp=ClipFP,
+defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, fuse=True, flops=2, fp=ClipFP,
       vjp=lambda g, x, lo, hi: g * op.clip_mask(x, lo=lo, hi=hi))              # g [lo <= x <= hi]
 
 
@@ -138,8 +138,8 @@ def _run_clip_mask(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _clip_mask, lo, hi)
 
 
-defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False,
-      fp=ClipFP)
+defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, fuse=True,
+      public=False, fp=ClipFP)
 
 
 # ---- softplus -------------------------------------------------------------------------------------
@@ -158,5 +158,5 @@ def _run_softplus(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _softplus, lo, hi)
 
 
-defop(SOFTPLUS, "softplus", softplus, _run_softplus, arity=1, kind=ELEMENTWISE, flops=12,
+defop(SOFTPLUS, "softplus", softplus, _run_softplus, arity=1, kind=ELEMENTWISE, fuse=True, flops=12,
       vjp=lambda g, x: g * op.sigmoid(x))

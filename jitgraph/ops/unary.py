@@ -16,7 +16,7 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import operand, output, run_view, same_data, span
+from ..native import CHUNK, chunk_operand, operand, output, run_view, same_data, span
 from ..registry import (ABS, COPY, ELEMENTWISE, EXP, GELU, GELU_D, GELU_DD, LEAKY_RELU, LOG, NEG, RELU, RELU_D, SIGMOID,
                         SIGN, SILU, SILU_D, SILU_DD, SQR, SQRT, STEP, TANH, ZERO_GRAD, defop, slots)
 from ..rules import op
@@ -40,13 +40,18 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
 def unary(v, n, f, lo, hi):
     """Run node n over elements [lo, hi): out[i] = f(x[i], p0, p1), with f an op's
     element function (njit, inlined: a distinct function makes a distinct loop, so an
-    op's runner compiles its own math only)."""
+    op's runner compiles its own math only).  A CHUNK call maps f over a group's chunk."""
+    p0 = v.fp[n, 0]                   # the family's convention: an element function takes the node's two
+    p1 = v.fp[n, 1]                   # float parameters in slot order (its op's fp declaration names them)
+    if lo == CHUNK:                   # hi elements at the chunk's addresses (ops/group.py)
+        y, x = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi)
+        for i in range(hi):
+            y[i] = f(x[i], p0, p1)
+        return OK
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                    # slices indexed from 0: no wraparound test, so the loops vectorize
     x = operand(v, n, 0)[lo:hi]
-    p0 = v.fp[n, 0]                   # the family's convention: an element function takes the node's two
-    p1 = v.fp[n, 1]                   # float parameters in slot order (its op's fp declaration names them)
     if same_data(y, x):               # in place: one array, or LLVM's overlap check picks its scalar loop
         for i in range(y.size):
             y[i] = f(y[i], p0, p1)
@@ -71,7 +76,7 @@ def _run_neg(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _neg, lo, hi)
 
 
-defop(NEG, "neg", neg, _run_neg, arity=1, kind=ELEMENTWISE,
+defop(NEG, "neg", neg, _run_neg, arity=1, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g: -g)
 
 
@@ -90,7 +95,7 @@ def _run_sqr(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sqr, lo, hi)
 
 
-defop(SQR, "sqr", sqr, _run_sqr, arity=1, kind=ELEMENTWISE,
+defop(SQR, "sqr", sqr, _run_sqr, arity=1, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, x: g * (2.0 * x))
 
 
@@ -109,7 +114,7 @@ def _run_sqrt(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sqrt, lo, hi)
 
 
-defop(SQRT, "sqrt", sqrt, _run_sqrt, arity=1, kind=ELEMENTWISE, flops=4,
+defop(SQRT, "sqrt", sqrt, _run_sqrt, arity=1, kind=ELEMENTWISE, fuse=True, flops=4,
       vjp=lambda g, out: 0.5 * g / out)
 
 
@@ -128,7 +133,7 @@ def _run_exp(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _exp, lo, hi)
 
 
-defop(EXP, "exp", exp, _run_exp, arity=1, kind=ELEMENTWISE, flops=8,
+defop(EXP, "exp", exp, _run_exp, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
       vjp=lambda g, out: g * out)
 
 
@@ -147,7 +152,7 @@ def _run_log(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _log, lo, hi)
 
 
-defop(LOG, "log", log, _run_log, arity=1, kind=ELEMENTWISE, flops=8,
+defop(LOG, "log", log, _run_log, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
       vjp=lambda g, x: g / x)
 
 
@@ -166,7 +171,7 @@ def _run_abs(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _abs, lo, hi)
 
 
-defop(ABS, "abs", abs, _run_abs, arity=1, kind=ELEMENTWISE,
+defop(ABS, "abs", abs, _run_abs, arity=1, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, x: g * op.sign(x))
 
 
@@ -185,7 +190,7 @@ def _run_relu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _relu, lo, hi)
 
 
-defop(RELU, "relu", relu, _run_relu, arity=1, kind=ELEMENTWISE,
+defop(RELU, "relu", relu, _run_relu, arity=1, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g, out: op.relu_d(g, out))          # g * [out > 0]: reads the output, so x can die
 
 
@@ -205,7 +210,7 @@ def _run_gelu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu, lo, hi)
 
 
-defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, flops=16,
+defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, fuse=True, flops=16,
       vjp=lambda g, x: g * op.gelu_d(x))
 
 
@@ -224,7 +229,7 @@ def _run_silu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu, lo, hi)
 
 
-defop(SILU, "silu", silu, _run_silu, arity=1, kind=ELEMENTWISE, flops=10,
+defop(SILU, "silu", silu, _run_silu, arity=1, kind=ELEMENTWISE, fuse=True, flops=10,
       vjp=lambda g, x: g * op.silu_d(x))
 
 
@@ -243,7 +248,7 @@ def _run_tanh(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _tanh, lo, hi)
 
 
-defop(TANH, "tanh", tanh, _run_tanh, arity=1, kind=ELEMENTWISE, flops=10,
+defop(TANH, "tanh", tanh, _run_tanh, arity=1, kind=ELEMENTWISE, fuse=True, flops=10,
       vjp=lambda g, out: g * (1.0 - op.sqr(out)))
 
 
@@ -262,7 +267,7 @@ def _run_sigmoid(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sigmoid, lo, hi)
 
 
-defop(SIGMOID, "sigmoid", sigmoid, _run_sigmoid, arity=1, kind=ELEMENTWISE, flops=10,
+defop(SIGMOID, "sigmoid", sigmoid, _run_sigmoid, arity=1, kind=ELEMENTWISE, fuse=True, flops=10,
       vjp=lambda g, out: g * (out * (1.0 - out)))
 
 
@@ -281,7 +286,7 @@ def _run_copy(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _copy, lo, hi)
 
 
-defop(COPY, "copy", copy, _run_copy, arity=1, kind=ELEMENTWISE,
+defop(COPY, "copy", copy, _run_copy, arity=1, kind=ELEMENTWISE, fuse=True,
       vjp=lambda g: g)
 
 
@@ -300,7 +305,7 @@ def _run_step(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _step, lo, hi)
 
 
-defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
+defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, fuse=True, public=False)
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
@@ -309,13 +314,18 @@ def times(v, n, f, lo, hi):
     (g, x) of one shape, f a derivative op's element function: a gradient through an
     elementwise op in one pass, with the bits of mul(g, f(x)) (f's value is rounded to
     the dtype first, as that node's output was)."""
+    p0 = v.fp[n, 0]
+    p1 = v.fp[n, 1]
+    if lo == CHUNK:                   # a group's chunk (see unary)
+        y, g, x = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi), chunk_operand(v, 2, hi)
+        for i in range(hi):
+            y[i] = g[i] * f(x[i], p0, p1)
+        return OK
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                    # slices from 0 and in-place cases apart: see unary
     g = operand(v, n, 0)[lo:hi]
     x = operand(v, n, 1)[lo:hi]
-    p0 = v.fp[n, 0]
-    p1 = v.fp[n, 1]
     if same_data(y, g):
         for i in range(y.size):
             y[i] = y[i] * f(x[i], p0, p1)
@@ -339,7 +349,7 @@ def _run_relu_d(n, lo, hi, ctx, mem, store):
     return times(run_view(ctx, mem, store), n, _step, lo, hi)
 
 
-defop(RELU_D, "relu_d", relu_d, _run_relu_d, arity=2, kind=ELEMENTWISE, public=False, sources=("g", "y"),
+defop(RELU_D, "relu_d", relu_d, _run_relu_d, arity=2, kind=ELEMENTWISE, fuse=True, public=False, sources=("g", "y"),
       vjp=lambda h, y: (op.relu_d(h, y), None))          # linear in g; step's own derivative is 0
 
 
@@ -357,7 +367,7 @@ def _run_sign(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sign, lo, hi)
 
 
-defop(SIGN, "sign", sign, _run_sign, ZERO_GRAD, arity=1, kind=ELEMENTWISE, public=False)
+defop(SIGN, "sign", sign, _run_sign, ZERO_GRAD, arity=1, kind=ELEMENTWISE, fuse=True, public=False)
 
 
 def gelu_d(t: Tensor) -> Tensor:
@@ -376,7 +386,7 @@ def _run_gelu_d(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu_d, lo, hi)
 
 
-defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, arity=1, kind=ELEMENTWISE, flops=16, public=False,
+defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, arity=1, kind=ELEMENTWISE, fuse=True, flops=16, public=False,
       vjp=lambda g, x: g * op.gelu_dd(x))
 
 
@@ -395,7 +405,7 @@ def _run_gelu_dd(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu_dd, lo, hi)
 
 
-defop(GELU_DD, "gelu_dd", gelu_dd, _run_gelu_dd, arity=1, kind=ELEMENTWISE, flops=16, public=False)
+defop(GELU_DD, "gelu_dd", gelu_dd, _run_gelu_dd, arity=1, kind=ELEMENTWISE, fuse=True, flops=16, public=False)
 
 
 def silu_d(t: Tensor) -> Tensor:
@@ -414,7 +424,7 @@ def _run_silu_d(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu_d, lo, hi)
 
 
-defop(SILU_D, "silu_d", silu_d, _run_silu_d, arity=1, kind=ELEMENTWISE, flops=12, public=False,
+defop(SILU_D, "silu_d", silu_d, _run_silu_d, arity=1, kind=ELEMENTWISE, fuse=True, flops=12, public=False,
       vjp=lambda g, x: g * op.silu_dd(x))
 
 
@@ -434,7 +444,7 @@ def _run_silu_dd(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu_dd, lo, hi)
 
 
-defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, flops=12, public=False)
+defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, fuse=True, flops=12, public=False)
 
 
 # ---- leaky_relu -----------------------------------------------------------------------------------
@@ -456,5 +466,5 @@ def _run_leaky_relu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _leaky_relu, lo, hi)
 
 
-defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, arity=1, kind=ELEMENTWISE, flops=2, fp=LeakyReluFP,
-      vjp=lambda g, x, slope: g * op.affine(op.step(x), scale=1.0 - slope, shift=slope))
+defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, arity=1, kind=ELEMENTWISE, fuse=True, flops=2,
+      fp=LeakyReluFP, vjp=lambda g, x, slope: g * op.affine(op.step(x), scale=1.0 - slope, shift=slope))

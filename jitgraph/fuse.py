@@ -1,0 +1,229 @@
+"""Fusion: connected elementwise nodes become one group node (ops/group.py).
+
+After the backward expansion and the checkpoint rewrite, before the memory plan, a
+jitted pass walks the execution order and lets each fusable node (registry
+``fuse``) absorb a source that is fusable too, has the node's shape, is read by no
+other node and is not kept (an output, a gradient the program returns, an io
+slot): the source's group joins the node's.  A group has at most ``MAX_SRC``
+external inputs (a node's source slots) and ``MAX_MEMBERS`` members.  Its members run
+when its last one does, so a source whose group's inputs would otherwise die earlier
+joins only if those inputs are no bigger than what it saves (its own buffer): fusion
+never trades a smaller tensor for bigger ones held longer.
+
+The result is the program's own copy of the node table's op, src and ip columns,
+in which each group's last member has become a GROUP node (its sources the group's
+external inputs, ``ip[GroupIP.code]`` where its code starts in one int64 array), and
+the execution order without the other members.  The graph itself is not changed, and
+the memory plan of that order gives the members no arena slot.
+"""
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from .ir import F_LEAF, MAX_SRC, Nodes
+from .ops.group import EXTERNAL, MEMBER_WORDS, GroupIP
+from .plan import plan_memory
+from .registry import GROUP, table
+
+MAX_MEMBERS = 16           # a group's scratch: a chunk per member
+
+
+@njit(cache=True)
+def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
+    """(root of every node's group or -1, its place in the group, group sizes by root,
+    the member lists): ``nxt`` links a group's members in execution order from ``head``."""
+    m = order.size
+    readers = np.zeros(n_nodes, np.int64)           # distinct nodes that read each node
+    last = np.full(n_nodes, -1, np.int64)           # and the position of the last
+    for t in range(m):
+        n = order[t]
+        for k in range(MAX_SRC):
+            s = src[n, k]
+            if s < 0:
+                break
+            seen = False
+            for j in range(k):
+                if src[n, j] == s:
+                    seen = True
+            if not seen:
+                readers[s] += 1
+                last[s] = t
+    head = np.full(n_nodes, -1, np.int64)
+    tail = np.full(n_nodes, -1, np.int64)
+    nxt = np.full(n_nodes, -1, np.int64)
+    count = np.zeros(n_nodes, np.int64)
+    ext = np.full((n_nodes, MAX_SRC), -1, np.int64)
+    n_ext = np.zeros(n_nodes, np.int64)
+    absorbed = np.zeros(n_nodes, np.uint8)
+    here = np.empty(4 * MAX_SRC, np.int64)         # the node's external inputs so far
+    for t in range(m):
+        c = order[t]
+        if not fusable[op[c]]:
+            continue
+        h, tl, members, n_here = -1, -1, 1, 0      # the absorbed members' list, without c
+        for k in range(MAX_SRC):
+            s = src[c, k]
+            if s < 0:
+                break
+            dup = False
+            for j in range(k):
+                if src[c, j] == s:
+                    dup = True
+            if dup:
+                continue
+            ok = (fusable[op[s]] != 0 and head[s] >= 0 and readers[s] == 1 and keep[s] == 0
+                  and members + count[s] <= max_members)
+            for d in range(4):
+                if shape[s, d] != shape[c, d]:
+                    ok = False
+            if ok:                                  # inputs held longer: at most the buffer it saves
+                held = 0
+                for e in range(n_ext[s]):
+                    x = ext[s, e]
+                    if last[x] < t and (flags[x] & F_LEAF) == 0:
+                        held += shape[x, 0] * shape[x, 1] * shape[x, 2] * shape[x, 3]
+                ok = held <= shape[s, 0] * shape[s, 1] * shape[s, 2] * shape[s, 3]
+            if ok:                                  # the inputs it would have, with slots for the sources to come
+                union = n_here
+                for e in range(n_ext[s]):
+                    new = True
+                    for j in range(n_here):
+                        if here[j] == ext[s, e]:
+                            new = False
+                    if new:
+                        union += 1
+                rest = 0
+                for q in range(k + 1, MAX_SRC):
+                    if src[c, q] >= 0:
+                        rest += 1
+                ok = union + rest <= MAX_SRC
+            if ok:
+                for e in range(n_ext[s]):
+                    new = True
+                    for j in range(n_here):
+                        if here[j] == ext[s, e]:
+                            new = False
+                    if new:
+                        here[n_here] = ext[s, e]
+                        n_here += 1
+                if h < 0:
+                    h = head[s]
+                else:
+                    nxt[tl] = head[s]
+                tl = tail[s]
+                members += count[s]
+                for e in range(n_ext[s]):
+                    if last[ext[s, e]] < t:
+                        last[ext[s, e]] = t             # now read here
+                x = head[s]
+                while x >= 0:
+                    absorbed[x] = 1
+                    x = nxt[x]
+            else:
+                new = True
+                for j in range(n_here):
+                    if here[j] == s:
+                        new = False
+                if new:
+                    here[n_here] = s
+                    n_here += 1
+        if h < 0:
+            h = c
+        else:
+            nxt[tl] = c
+        head[c], tail[c], count[c] = h, c, members
+        n_ext[c] = n_here
+        for j in range(n_here):
+            ext[c, j] = here[j]
+    return head, nxt, count, ext, n_ext, absorbed
+
+
+@njit(cache=True)
+def _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed):
+    """Rewrite the copies op, src, ip for the groups; returns (order, code, root of each node)."""
+    n_nodes = op.size
+    root = np.full(n_nodes, -1, np.int64)
+    place = np.full(n_nodes, -1, np.int64)
+    size = 0
+    for n in order:
+        if absorbed[n] == 0 and count[n] >= 2:
+            size += 1 + MEMBER_WORDS * count[n]
+    code = np.zeros(max(size, 1), np.int64)
+    at = 0
+    kept = np.zeros(order.size, np.bool_)
+    for t in range(order.size):
+        r = order[t]
+        kept[t] = absorbed[r] == 0
+        if absorbed[r] != 0 or count[r] < 2:
+            continue
+        code[at] = count[r]
+        x, j = head[r], 0
+        while x >= 0:
+            root[x], place[x] = r, j
+            w = at + 1 + MEMBER_WORDS * j
+            code[w], code[w + 1] = op[x], x
+            for q in range(2):
+                s = src[x, q]
+                ref = -1
+                if s >= 0:
+                    if root[s] == r:
+                        ref = EXTERNAL + place[s]
+                    else:
+                        for e in range(n_ext[r]):
+                            if ext[r, e] == s:
+                                ref = e
+                code[w + 2 + q] = ref
+            x, j = nxt[x], j + 1
+        op[r] = GROUP
+        for k in range(MAX_SRC):
+            src[r, k] = ext[r, k]
+        ip[r, :] = 0
+        ip[r, GroupIP.code] = at
+        at += 1 + MEMBER_WORDS * count[r]
+    return order[kept], code, root
+
+
+class Fused(NamedTuple):
+    order: np.ndarray      # the execution order with each group as its last member
+    nodes: Nodes           # the node table as the program runs it (op, src, ip: copies)
+    code: np.ndarray       # every group's code (ops/group.py)
+    root: np.ndarray       # each node's group (its last member), or -1
+
+    @property
+    def n_groups(self) -> int:
+        return int(np.count_nonzero(self.nodes.op[self.order] == GROUP))
+
+
+def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray) -> Fused:
+    """The groups of ``order`` (``keep``: nodes whose values must stay: outputs, io slots)."""
+    keep_mask = np.zeros(n_nodes, np.uint8)
+    keep_mask[np.asarray(keep, np.int64)] = 1
+    head, nxt, count, ext, n_ext, absorbed = _groups(G.op, G.src, G.shape, G.flags, n_nodes, order, keep_mask,
+                                                     table("fuse"), MAX_MEMBERS)
+    op, src, ip = G.op[:n_nodes].copy(), G.src[:n_nodes].copy(), G.ip[:n_nodes].copy()
+    fused_order, code, root = _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed)
+    nodes = Nodes(op, src, G.ndim[:n_nodes], G.shape[:n_nodes], ip, G.fp[:n_nodes], G.flags[:n_nodes],
+                  G.origin[:n_nodes], G.rule[:n_nodes])
+    return Fused(fused_order, nodes, code, root)
+
+
+def unfused(G: Nodes, n_nodes: int, order: np.ndarray) -> Fused:
+    """No groups: the graph's own table (``build_forward(..., fuse=False)``)."""
+    return Fused(order, G, np.zeros(1, np.int64), np.full(n_nodes, -1, np.int64))
+
+
+def fuse_and_plan(G: Nodes, n_nodes: int, orders: list, io: np.ndarray, outputs: np.ndarray, in_place: bool,
+                  fuse: bool = True) -> tuple:
+    """(order, Fused, plan) of the candidate order whose plan, after fusion, peaks lowest
+    (the first on ties): what a program runs, and what the checkpoint planners price."""
+    kinds, best = table("kind"), None
+    keep = np.concatenate([np.asarray(outputs, np.int64), np.asarray(io, np.int64)])
+    for order in orders:
+        f = fuse_order(G, n_nodes, order, keep) if fuse else unfused(G, n_nodes, order)
+        plan = plan_memory(f.nodes, n_nodes, f.order, io, outputs, in_place, kinds)
+        if best is None or plan[2] < best[2][2]:
+            best = (order, f, plan)
+    assert best is not None, "no candidate order"
+    order, f, plan = best
+    return order, (f if f.n_groups else unfused(G, n_nodes, order)), plan

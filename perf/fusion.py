@@ -1,0 +1,185 @@
+"""Fusion side by side (issue [2/6]): jitgraph with groups and without, beside PyTorch
+eager and torch.compile, same float32 weights, at 1 and 2 threads, in one run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m perf.fusion [--rounds 7] [--calls 5] [--quick]
+
+Workloads: the char GPT of the issue (4 layers, d 128, T 64, batch 16, ``jg.attention``,
+integer targets: perf/chargpt.py) and ResNet (h) (perf/resnet.py), fwd+bwd.  Contenders
+run in alternating rounds (each round: ``calls`` calls of each, the median kept), so a
+slow spell of the machine falls on all; a ratio is the median over rounds of
+jitgraph's time over the other's.  Also: the non-GEMM share of jitgraph's profile
+(everything but matmul and conv2d) and the planned peaks (no checkpoints, sqrt), fused
+and unfused.  torch.compile needs a C++ compiler; it is skipped (and said so) without.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import jitgraph as jg  # noqa: E402
+from perf import chargpt, resnet  # noqa: E402
+from perf.environment import cpu_model  # noqa: E402
+
+PRODUCTS = ("matmul", "conv2d", "conv2d_weight")
+
+
+def gpt(quick):
+    text, chars = chargpt.corpus()
+    cfg, _ = chargpt.config(quick, len(chars))
+    w = chargpt.gpt_weights(cfg)
+    codes = np.array([chars.index(c) for c in text], np.int64)
+    idx, tgt = chargpt.windows(codes, cfg, cfg.batch, np.random.default_rng(0))
+    programs = {}
+    for name, fuse in (("fused", True), ("unfused", False)):
+        bwd, i_in, t_in, _ = chargpt.jg_chargpt(w, cfg, fuse=fuse)
+        programs[name] = (bwd, {i_in: idx, t_in: tgt})
+
+    def torch_run(torch):
+        run, _ = chargpt.torch_chargpt(torch, w, cfg)
+        ti, tt = torch.from_numpy(idx), torch.from_numpy(tgt)
+        return run, (ti, tt)
+    title = f"char GPT: {cfg.layers} layers, d {cfg.d}, T {cfg.T}, batch {cfg.batch}, jg.attention, float32"
+    return title, programs, torch_run, lambda **kw: chargpt.jg_chargpt(w, cfg, **kw)[0]
+
+
+def res(quick):
+    cfg = resnet.QUICK if quick else resnet.FULL
+    weights, stats = resnet.resnet_weights(cfg)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((cfg.batch, 3, cfg.size, cfg.size)).astype(np.float32)
+    labels = rng.integers(0, 10, cfg.batch)
+    programs = {}
+    for name, fuse in (("fused", True), ("unfused", False)):
+        bwd, x, lab, _, _ = resnet.jg_resnet(weights, stats, cfg, fuse=fuse)
+        programs[name] = (bwd, {x: images, lab: labels})
+
+    def torch_run(torch):
+        run, _, _ = resnet.torch_resnet(torch, weights, stats, cfg)
+        return run, (torch.from_numpy(images), torch.from_numpy(labels))
+    title = f"(h) ResNet-{6 * cfg.n + 2}: batch {cfg.batch}, {cfg.size}x{cfg.size}, float32"
+    return title, programs, torch_run, lambda **kw: resnet.jg_resnet(weights, stats, cfg, **kw)[0]
+
+
+def non_gemm_share(bwd, feeds):
+    rows = bwd.profile(feeds, repeats=3)
+    return 1.0 - sum(r["share"] for r in rows if r["op"] in PRODUCTS), rows
+
+
+def timed_rounds(fns, rounds, calls):
+    """{name: [median seconds of each round]}, the contenders alternating."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            one = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                fn()
+                one.append(time.perf_counter() - t)
+            times[name].append(statistics.median(one))
+    return times
+
+
+def workload(make, quick, rounds, calls, torch):
+    title, programs, torch_run, rebuild = make(quick)
+    out = {"title": title, "by_threads": [], "peaks": {}}
+    for name, (bwd, _) in programs.items():
+        sqrt = rebuild(checkpoints="sqrt", fuse=name == "fused")
+        out["peaks"][name] = {"none": bwd.peak_bytes, "sqrt": sqrt.peak_bytes, "groups": bwd.stats()["n_groups"],
+                              "fused nodes": bwd.stats()["n_fused"], "nodes": bwd.stats()["n_nodes"]}
+    fused, feeds = programs["fused"]
+    unfused, ufeeds = programs["unfused"]
+    a, b = fused.run(feeds), unfused.run(ufeeds)
+    out["bits_equal"] = bool(np.asarray(a).tobytes() == np.asarray(b).tobytes())
+    compiled, why = None, None
+    if torch is not None:
+        eager_fn, targs = torch_run(torch)
+        if shutil.which("g++") or shutil.which("c++"):
+            compile_fn, cargs = torch_run(torch)
+            compiled = (torch.compile(compile_fn), cargs)
+        else:
+            why = "no C++ compiler (torch.compile needs one)"
+    for n in (1, 2):
+        if n > os.cpu_count():
+            continue
+        jg.set_num_threads(n)
+        fns = {"jitgraph": lambda: fused.run(feeds), "unfused": lambda: unfused.run(ufeeds)}
+        if torch is not None:
+            torch.set_num_threads(n)
+            fns["torch eager"] = lambda: eager_fn(*targs)
+            if compiled is not None:
+                for _ in range(3):                                 # compiles (forward and backward) here
+                    compiled[0](*compiled[1])
+                fns["torch.compile"] = lambda: compiled[0](*compiled[1])
+        for fn in fns.values():
+            fn()
+        t = timed_rounds(fns, rounds, calls)
+        ratios = {f"jitgraph/{k}": statistics.median(x / y for x, y in zip(t["jitgraph"], t[k]))
+                  for k in t if k != "jitgraph"}
+        share_f, rows = non_gemm_share(fused, feeds)
+        share_u, _ = non_gemm_share(unfused, ufeeds)
+        out["by_threads"].append({"threads": n, "median_s": {k: statistics.median(v) for k, v in t.items()},
+                                  "ratios": ratios, "non_gemm_share": {"fused": share_f, "unfused": share_u},
+                                  "profile": rows[:12]})
+    out["torch_compile"] = "ran" if compiled is not None else (why or "torch not installed")
+    return out
+
+
+def markdown(results, cpu):
+    lines = [f"CPU: {cpu}", ""]
+    for r in results:
+        lines += [f"### {r['title']}", "", f"fused == unfused bit for bit: {r['bits_equal']}; "
+                  f"torch.compile: {r['torch_compile']}", "",
+                  "| threads | jitgraph | unfused | torch eager | torch.compile | jitgraph/unfused | "
+                  "jitgraph/eager | jitgraph/compile | non-GEMM share fused / unfused |", "|---" * 9 + "|"]
+        for e in r["by_threads"]:
+            m, q = e["median_s"], e["ratios"]
+
+            def ms(k):
+                return f"{1e3 * m[k]:.1f} ms" if k in m else "-"
+
+            def rt(k):
+                return f"{q[k]:.3f}" if k in q else "-"
+            lines.append(f"| {e['threads']} | {ms('jitgraph')} | {ms('unfused')} | {ms('torch eager')} | "
+                         f"{ms('torch.compile')} | {rt('jitgraph/unfused')} | {rt('jitgraph/torch eager')} | "
+                         f"{rt('jitgraph/torch.compile')} | {e['non_gemm_share']['fused']:.1%} / "
+                         f"{e['non_gemm_share']['unfused']:.1%} |")
+        lines += ["", "| program | planned peak, no checkpoints | sqrt | groups | fused nodes | nodes |",
+                  "|---|---|---|---|---|---|"]
+        for name, p in r["peaks"].items():
+            lines.append(f"| {name} | {p['none'] / 1e6:.2f} MB | {p['sqrt'] / 1e6:.2f} MB | {p['groups']} | "
+                         f"{p['fused nodes']} | {p['nodes']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
+    ap.add_argument("--only", choices=("gpt", "resnet"), default=None)
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    makes = [m for k, m in (("gpt", gpt), ("resnet", res)) if args.only in (None, k)]
+    results = [workload(m, args.quick, args.rounds, args.calls, torch) for m in makes]
+    print(markdown(results, cpu_model()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
