@@ -15,7 +15,8 @@ __all__ = ["build_backward", "grad", "pareto"]
 
 def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
                    memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
-                   zero_table: bool = True, slots: Optional[int] = None, fuse: bool = True) -> BackwardGraph:
+                   zero_table: bool = True, slots: Optional[int] = None,
+                   fuse: Union[bool, str] = "auto") -> BackwardGraph:
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -37,8 +38,9 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
 
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
     ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
-    and every contribution is added (the graph the zero table avoids).  ``fuse=False``
-    runs every node alone (no groups: for comparison and debugging); the bits are the same.
+    and every contribution is added (the graph the zero table avoids).  ``fuse``: group
+    connected elementwise nodes (fuse.py) -- ``"auto"`` when the program's elementwise work is
+    big enough to gain, ``True`` always, ``False`` never (every node alone); the bits are the same.
     """
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph
@@ -62,7 +64,8 @@ def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
         return [bwd.grad_tensor(p) for p in wrt]
 
 
-def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True, fuse: bool = True) -> List[dict]:
+def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
+           fuse: Union[bool, str] = "auto") -> List[dict]:
     """The frontier of (planned peak bytes, recompute flops) over memory budgets.
 
     Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops,

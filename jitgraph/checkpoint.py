@@ -36,7 +36,7 @@ MAX_REVOLVE_STEPS = 8        # plans searched by budgets and pareto recompute <=
 class Trial:
     """Rewrite + order + plan of one schedule on a scratch copy of the node table."""
 
-    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place, to_schedule, fuse=True):
+    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place, to_schedule, fuse="auto"):
         self.graph, self.order = graph, fwd_order
         self.first, self.end = first, end
         self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
@@ -117,7 +117,7 @@ MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow
 class Planner:
     """Everything the strategies need about one forward graph and its plain backward."""
 
-    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse=True):
+    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse="auto"):
         self.graph, self.fwd, self.first, self.end = graph, fwd, first, end
         self.order = fwd.order
         self.loss = fwd.outputs[0].id

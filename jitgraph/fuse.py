@@ -16,17 +16,22 @@ external inputs, ``ip[GroupIP.code]`` where its code starts in one int64 array),
 the execution order without the other members.  The graph itself is not changed, and
 the memory plan of that order gives the members no arena slot.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 import numpy as np
 from numba import njit
 
+from .errors import GraphError
 from .ir import F_LEAF, MAX_SRC, Nodes
 from .ops.group import EXTERNAL, MEMBER_WORDS, GroupIP
 from .plan import plan_memory
 from .registry import GROUP, table
 
 MAX_MEMBERS = 16           # a group's scratch: a chunk per member
+# fuse="auto" leaves a program alone when its fusable nodes hold fewer elements: its elementwise
+# work stays in cache anyway (256 KiB of float32), and fusing would only add the group runner's
+# and the pass's first compile (~2 s) to a small program's cold start
+FUSE_MIN_ELEMENTS = 1 << 16
 
 
 @njit(cache=True)
@@ -201,6 +206,8 @@ def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray) -> F
     keep_mask[np.asarray(keep, np.int64)] = 1
     head, nxt, count, ext, n_ext, absorbed = _groups(G.op, G.src, G.shape, G.flags, n_nodes, order, keep_mask,
                                                      table("fuse"), MAX_MEMBERS)
+    if not np.any(absorbed):                        # no group: nothing to copy or lay out
+        return unfused(G, n_nodes, order)
     op, src, ip = G.op[:n_nodes].copy(), G.src[:n_nodes].copy(), G.ip[:n_nodes].copy()
     fused_order, code, root = _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed)
     nodes = Nodes(op, src, G.ndim[:n_nodes], G.shape[:n_nodes], ip, G.fp[:n_nodes], G.flags[:n_nodes],
@@ -213,10 +220,22 @@ def unfused(G: Nodes, n_nodes: int, order: np.ndarray) -> Fused:
     return Fused(order, G, np.zeros(1, np.int64), np.full(n_nodes, -1, np.int64))
 
 
+def wants_fusion(G: Nodes, order: np.ndarray, fuse: Union[bool, str]) -> bool:
+    """``fuse`` (True, False or "auto") for the program ``order``: "auto" fuses when its
+    fusable nodes hold at least FUSE_MIN_ELEMENTS elements."""
+    if fuse is True or fuse is False:
+        return fuse
+    if fuse != "auto":
+        raise GraphError(f"fuse must be True, False or 'auto', got {fuse!r}")
+    fusable = order[table("fuse")[G.op[order]] != 0]
+    return int(G.shape[fusable].prod(axis=1).sum()) >= FUSE_MIN_ELEMENTS
+
+
 def fuse_and_plan(G: Nodes, n_nodes: int, orders: list, io: np.ndarray, outputs: np.ndarray, in_place: bool,
-                  fuse: bool = True) -> tuple:
+                  fuse: Union[bool, str] = "auto") -> tuple:
     """(order, Fused, plan) of the candidate order whose plan, after fusion, peaks lowest
     (the first on ties): what a program runs, and what the checkpoint planners price."""
+    fuse = wants_fusion(G, orders[0], fuse)
     kinds, best = table("kind"), None
     keep = np.concatenate([np.asarray(outputs, np.int64), np.asarray(io, np.int64)])
     for order in orders:

@@ -71,14 +71,13 @@ class Program:
     """An execution order over a graph's nodes with a memory plan."""
 
     def __init__(self, graph: Graph, order: Any, outputs: List[Tensor], single: bool, io_nodes: Any = (),
-                 in_place: bool = True, fuse: bool = True) -> None:
+                 in_place: bool = True, fuse: Union[bool, str] = "auto") -> None:
         """``order``: an execution order, or a list of candidate orders (the one whose
         plan peaks lowest is kept); ``fuse``: group elementwise nodes (fuse.py)."""
         self.graph = graph
         self.outputs = outputs            # Tensors returned by run()
         self._single = single
         self.in_place = bool(in_place)
-        self.fused = bool(fuse)
         nodes = graph.nodes
         candidates = order if isinstance(order, list) else [order]
         # batch statistics outlive the run in io slots: the running statistics are updated from them after it
@@ -446,10 +445,12 @@ class ForwardGraph(Program):
 
 
 def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = True,
-                  fuse: bool = True) -> "ForwardGraph":
+                  fuse: Union[bool, str] = "auto") -> "ForwardGraph":
     """Topologically order everything ``outputs`` (a Tensor or list) depend on, fuse
     connected elementwise nodes into groups (``fuse=False``: none) and plan its memory
-    (``in_place=False``: no elementwise op overwrites a source)."""
+    (``in_place=False``: no elementwise op overwrites a source).  ``fuse``: ``"auto"`` groups
+    when the elementwise work is big enough to gain (fuse.FUSE_MIN_ELEMENTS), ``True`` always,
+    ``False`` never; the bits are the same."""
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
     # a first run's kernels (and, with params, gradient rules) start compiling in other processes now
@@ -468,7 +469,7 @@ class BackwardGraph(Program):
     """
 
     def __init__(self, fwd: ForwardGraph, params: Any, grad_nodes: Any, in_place: bool = True,
-                 fuse: bool = True) -> None:
+                 fuse: Union[bool, str] = "auto") -> None:
         g = fwd.graph
         self.forward = fwd
         self.loss = fwd.outputs[0]

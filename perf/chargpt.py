@@ -20,7 +20,7 @@ import numpy as np
 import jitgraph as jg
 
 from .agreement import agreement, md_agreement
-from .harness import Target, Workload, ratio_at, timed_by_threads
+from .harness import Target, Workload, add_torch_compile, ratio_at, timed_by_threads
 from .models import GPTConfig, gpt_logits, gpt_weights
 from .report import fmt_s, md_by_threads
 
@@ -147,7 +147,9 @@ def run(ctx):
         ti, tt = ctx.torch.from_numpy(feeds[idx_in]), ctx.torch.from_numpy(feeds[tgt_in])
         refs["torch"] = (trun(ti, tt).item(), tparams[GRAD_OF].grad.numpy().copy())
         fns["torch"] = lambda: trun(ti, tt)
+    compiled = add_torch_compile(ctx, fns, torch_chargpt(ctx.torch, w, cfg)[0], ti, tt) if ctx.torch else None
     res = timed_by_threads(ctx, fns, THREADS)
+    res["torch_compile"] = compiled or "not run: torch is not installed"
     res.update({
         "title": f"(i) char-level GPT with jg.attention: {cfg.layers} layers, d = {cfg.d}, {cfg.heads} heads, "
                  f"T = {cfg.T}, B = {cfg.batch}, vocab {cfg.vocab}, float32, fwd+bwd",

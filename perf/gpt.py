@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from .agreement import agreement, md_agreement
-from .harness import Target, Workload, ratio_at, timed_by_threads
+from .harness import Target, Workload, add_torch_compile, ratio_at, timed_by_threads
 from .models import GPTConfig, gpt_weights, gpt_batch, jg_gpt, torch_gpt
 from .report import fmt_s, md_by_threads, md_table
 
@@ -43,6 +43,8 @@ def run(ctx):
         ti, tt = ctx.torch.from_numpy(idx), ctx.torch.from_numpy(targets)
         fns["torch"] = lambda: trun(ti, tt)
         refs["torch"] = (trun(ti, tt).item(), tparams[GRAD_OF].grad.numpy().copy())
+    compiled = (add_torch_compile(ctx, fns, torch_gpt(ctx.torch, w, cfg)[0], ti, tt) if ctx.torch is not None
+                else "not run: torch is not installed")
 
     def jg_profile():
         ctx.note("profile")
@@ -50,6 +52,7 @@ def run(ctx):
 
     res = timed_by_threads(ctx, fns, THREADS, extras={"loss": lambda: float(bwd.run(feeds)),
                                                       "profile": jg_profile})
+    res["torch_compile"] = compiled
     st = bwd.stats()
     res.update({
         "title": f"(g) char-level GPT: {cfg.layers} layers, d = {cfg.d}, {cfg.heads} heads, T = {cfg.T}, "

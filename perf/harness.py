@@ -23,6 +23,7 @@ import gc
 import math
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -52,6 +53,7 @@ class Ctx:
     threads: int
     torch: object
     note: Callable[[str], None]
+    torch_compile: bool = False       # torch.compile as a contender where a workload offers it
 
 
 @dataclass
@@ -134,6 +136,23 @@ def summarize(samples, calls, ref="jitgraph", ref_over=True):
 def timed(ctx, fns, ref="jitgraph", ref_over=True):
     """``interleaved`` then ``summarize``."""
     return summarize(*interleaved(ctx, fns), ref=ref, ref_over=ref_over)
+
+
+def add_torch_compile(ctx, fns, step, *args, key="torch.compile"):
+    """Add ``torch.compile(step)`` called on ``args`` (a fresh torch step function: forward,
+    ``loss.backward()``) to ``fns`` when it can run; returns what happened, for the report.
+    It compiles (forward and backward) in the warm-up calls, so no timed call compiles."""
+    if ctx.torch is None:
+        return "not run: torch is not installed"
+    if not ctx.torch_compile:
+        return "not run: --quick (compiling takes a minute or more; --torch-compile runs it)"
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "not run: no C++ compiler (torch.compile's CPU code needs one)"
+    compiled = ctx.torch.compile(step)
+    for _ in range(2):
+        compiled(*args)
+    fns[key] = lambda: compiled(*args)
+    return "ran"
 
 
 # ---- thread counts ----------------------------------------------------------------------------
@@ -240,6 +259,9 @@ def add_arguments(p, workloads, default):
                    help=f"timed repeats per figure (default 7, 5 with --quick; at least {MIN_REPEATS})")
     p.add_argument("--threads", type=int, default=None, help="threads for every contender (default os.cpu_count())")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out even when it is installed")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="time torch.compile even with --quick (it is a contender of (c), (g), (h), (i) by default)")
+    p.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -257,7 +279,7 @@ def command_line(prog, args, set_vars):
     """The equivalent command (however it was launched), with the OpenBLAS variables
     that were in force."""
     cmd = shlex.split(prog)
-    for flag in ("quick", "no_torch", "no_progress"):
+    for flag in ("quick", "no_torch", "torch_compile", "no_torch_compile", "no_progress"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))
     for opt in ("only", "out", "repeats", "threads"):
@@ -340,7 +362,8 @@ def run(args, workloads, default=None, prog="jitgraph bench"):
         progress.write(f"note: {', '.join(set_vars)} set; they may slow OpenBLAS.  For a benchmark run "
                        f"`env {' '.join('-u ' + v for v in set_vars)} {prog} ...`")
     ctx = Ctx(quick=args.quick, repeats=repeats, min_sample_s=0.005 if args.quick else 0.2, threads=count,
-              torch=torch, note=progress.note)
+              torch=torch, note=progress.note,
+              torch_compile=(args.torch_compile or not args.quick) and not args.no_torch_compile)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t0 = time.perf_counter()
     results = {}

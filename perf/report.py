@@ -52,6 +52,8 @@ def md_by_threads(res, ref="jitgraph"):
         L += [f"At {n} thread{'s' if n > 1 else ''} (every contender):", ""] + md_timing(entry["timing"], ref) + [""]
     for n in res["skipped_threads"]:
         L += [f"{n} threads: skipped, more than os.cpu_count() = {res['cpu_count']}.", ""]
+    if "torch_compile" in res:
+        L += [f"torch.compile (inductor, compiled in the warm-up): {res['torch_compile']}.", ""]
     return L[:-1]
 
 

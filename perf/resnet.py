@@ -15,7 +15,7 @@ import numpy as np
 import jitgraph as jg
 
 from .agreement import agreement, md_agreement
-from .harness import Target, Workload, ratio_at, timed_by_threads
+from .harness import Target, Workload, add_torch_compile, ratio_at, timed_by_threads
 from .report import md_by_threads, md_table
 
 THREADS = (1, 2)
@@ -200,7 +200,10 @@ def run(ctx):
         trun(ti, tl)
         fns["torch"] = lambda: trun(ti, tl)
         agreed = agreement_float64(ctx.torch, weights, stats, cfg, images, labels)
+    compiled = (add_torch_compile(ctx, fns, torch_resnet(ctx.torch, weights, stats, cfg)[0], ti, tl) if ctx.torch
+                else "not run: torch is not installed")
     res = timed_by_threads(ctx, fns, THREADS)
+    res["torch_compile"] = compiled
     res.update({
         "title": f"(h) ResNet-{cfg.depth} (CIFAR-style, widths {'/'.join(map(str, cfg.widths))}, batch norm), "
                  f"batch {cfg.batch}, {cfg.size}x{cfg.size}, float32, fwd+bwd",

@@ -32,7 +32,8 @@ import jitgraph as jg
 
 from . import chargpt, compile_time, concurrency, distributed, gpt, resnet
 from .agreement import agreement, md_agreement
-from .harness import Target, Workload, interleaved, ratio_at, summarize, timed, timed_by_threads
+from .harness import (Target, Workload, add_torch_compile, interleaved, ratio_at, summarize, timed,
+                      timed_by_threads)
 from .models import build_phases, chain_weights, jg_chain, np_chain, torch_chain
 from .report import fmt_s, md_by_threads, md_table, md_timing
 
@@ -164,8 +165,12 @@ def mlp_workload(ctx, key, n, d, b, thread_counts=None):
                     "forward, loss.backward() (grads set to None first)"}
     if thread_counts is None:
         return timed_workload(ctx, fns, refs, jg_loss, jg_grad, "W_1", meta)
+    # (c): torch.compile too ((b)'s 1,000 layers would take many minutes to compile)
+    compiled = (add_torch_compile(ctx, fns, torch_chain(ctx.torch, weights, xb)[0]) if ctx.torch is not None
+                else "not run: torch is not installed")
     res = timed_by_threads(ctx, fns, thread_counts, extras={"loss": lambda: float(run())})
     res.update(meta)
+    res["torch_compile"] = compiled
     res["what"] += f"; every contender timed at {' and '.join(map(str, thread_counts))} threads"
     res["agreement"] = agreement(jg_loss, jg_grad, refs, "W_1")
     # jitgraph's kernels promise the same bits at any thread count

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -119,7 +120,29 @@ def test_bench_quick_models(tmp_path):
         assert all(("torch" in e["timing"]["contenders"]) == torch for e in res["by_threads"])
         if torch:
             assert res["agreement"]["torch"]["ok"]
+            assert res["torch_compile"].startswith("not run: --quick")       # compiling takes minutes
+        assert all("torch.compile" not in e["timing"]["contenders"] for e in res["by_threads"])
     assert "running stats bit-identical" in md and "Sample:" in md
+
+
+def test_bench_torch_compile_is_a_contender_where_it_can_run(tmp_path):
+    """(c) with --torch-compile: torch.compile is timed beside the others exactly when torch
+    and a C++ compiler are here, and the report says which, and why not."""
+    code = ("import sys\nfrom jitgraph.cli import main\n"
+            f"sys.exit(main(['bench', '--quick', '--only', 'c', '--torch-compile', '--out', {str(tmp_path)!r}, "
+            "'--no-progress']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=checkout_env(), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report, md = read_results(tmp_path)
+    c = report["results"]["c"]
+    torch = importlib.util.find_spec("torch") is not None
+    can = torch and any(shutil.which(cc) for cc in ("g++", "c++", "clang++"))
+    for e in c["by_threads"]:
+        assert ("torch.compile" in e["timing"]["contenders"]) == can
+        assert ("jitgraph/torch.compile" in e["timing"]["ratios"]) == can
+    assert c["torch_compile"] == "ran" if can else c["torch_compile"].startswith("not run: ")
+    assert f"torch.compile (inductor, compiled in the warm-up): {c['torch_compile']}." in md
 
 
 def test_bench_quick_gpt_and_python_threads(tmp_path):

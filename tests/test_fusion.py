@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.fuse import MAX_MEMBERS
+from jitgraph.fuse import FUSE_MIN_ELEMENTS, MAX_MEMBERS
 from jitgraph.ir import MAX_SRC
 from jitgraph.ops.group import CHUNK_ELEMS
 from jitgraph.registry import BY_NAME, GROUP
@@ -54,7 +54,7 @@ def naive_model(name, dtype):
 @pytest.mark.parametrize("name", sorted(REF))
 def test_fused_equals_unfused_for_every_op(name, dtype):
     g, loss, params = naive_model(name, dtype)
-    fused, plain = jg.build_forward(loss), jg.build_forward(loss, fuse=False)
+    fused, plain = jg.build_forward(loss, fuse=True), jg.build_forward(loss, fuse=False)
     assert bits(fused.run()) == bits(plain.run()), f"{name}: fused and unfused forward bits differ"
     assert plain.stats()["n_groups"] == 0 and fused.stats()["n_groups"] >= 1   # tanh(out * 0.5) * w at least
     if BY_NAME[name].fuse:                           # the op itself ran inside a group
@@ -81,7 +81,7 @@ def mlp(dtype, B=64, D=300):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_groups_cut_the_forward_peak_and_keep_the_bits(dtype):
     g, x, loss, params, feeds = mlp(dtype)
-    fused = jg.build_forward(loss)
+    fused = jg.build_forward(loss, fuse=True)
     plain = jg.build_forward(loss, fuse=False)
     assert bits(fused.run(feeds)) == bits(plain.run(feeds))
     st = fused.stats()
@@ -106,7 +106,7 @@ def test_members_take_no_arena_slot():
     g = jg.Graph(np.float32)
     a, b, c, d = (g.input((256, 64), name=k) for k in "abcd")
     out = jg.sum(a * b + c * d)
-    fused, plain = jg.build_forward(out), jg.build_forward(out, fuse=False)
+    fused, plain = jg.build_forward(out, fuse=True), jg.build_forward(out, fuse=False)
     buffer = 256 * 64 * 4
     assert plain.peak_bytes >= 2 * buffer and fused.peak_bytes < 2 * buffer
     assert fused.unplanned_bytes < plain.unplanned_bytes
@@ -123,7 +123,7 @@ def test_fused_backward_equals_unfused_checkpointed_or_not(checkpoints):
     assert a == b
     assert fused.stats()["n_groups"] >= 3
     if checkpoints:                                   # and checkpointed == plain, fused
-        plain = jg.build_backward(jg.build_forward(loss))
+        plain = jg.build_backward(jg.build_forward(loss), fuse=True)
         value = plain.run(feeds)
         assert [bits(value)] + [bits(plain.grad(p)) for p in params] == a
 
@@ -161,7 +161,7 @@ def test_broadcast_inputs_are_read_as_unfused():
     y = jg.relu(x - row) * col + one
     out = jg.sqrt(jg.abs(y) + 1.0) / (jg.exp(-y) + 1.0)
     xs = rng.standard_normal((5, 3, 7, 300))
-    fused, plain = jg.build_forward(out), jg.build_forward(out, fuse=False)
+    fused, plain = jg.build_forward(out, fuse=True), jg.build_forward(out, fuse=False)
     # y is read twice, so it ends a group: [sub relu mul add] and [abs +1 sqrt neg exp +1 div]
     assert [len(m) for m in fused.groups().values()] == [4, 7]
     yv = np.maximum(xs - row.value, 0) * col.value + one.value
@@ -183,7 +183,7 @@ def test_a_group_stops_at_what_must_stay():
     for _ in range(MAX_MEMBERS + 4):
         chain = jg.tanh(chain)
     out1, out2 = chain + twice, jg.sqr(twice)
-    fwd = jg.build_forward([out1, out2])
+    fwd = jg.build_forward([out1, out2], fuse=True)
     feeds = {x: rng.standard_normal(40) for x in xs}
     alone = jg.build_forward([out1, out2], fuse=False)
     assert all(bits(a) == bits(b) for a, b in zip(fwd.run(feeds), alone.run(feeds)))
@@ -199,9 +199,21 @@ def test_a_group_stops_at_what_must_stay():
 def test_planners_price_fused_programs():
     """memory_budget and pareto measure the plans as they will run: fused."""
     g, x, loss, params, feeds = mlp(np.float32, B=32, D=64)
-    fwd = jg.build_forward(loss)
-    rows, plain_rows = jg.pareto(fwd), jg.pareto(fwd, fuse=False)
+    fwd = jg.build_forward(loss, fuse=True)
+    rows, plain_rows = jg.pareto(fwd, fuse=True), jg.pareto(fwd, fuse=False)
     assert rows[-1]["peak_bytes"] <= plain_rows[-1]["peak_bytes"]
     for row in rows:
-        bwd = jg.build_backward(jg.build_forward(loss), memory_budget=row["peak_bytes"])
+        bwd = jg.build_backward(jg.build_forward(loss), memory_budget=row["peak_bytes"], fuse=True)
         assert bwd.peak_bytes <= row["peak_bytes"]
+
+
+def test_auto_fuses_where_the_elementwise_work_is_big_enough():
+    """The default, fuse="auto": a small program runs every node alone (fusing would only add
+    a first compile), a big one is fused; anything but True, False, "auto" is an error."""
+    for n, groups in ((FUSE_MIN_ELEMENTS // 8, 0), (FUSE_MIN_ELEMENTS, 1)):
+        g = jg.Graph(np.float32)
+        x = g.input((n,), name="x")
+        fwd = jg.build_forward(jg.sum(jg.tanh(x * 2.0) + x * x))
+        assert fwd.stats()["n_groups"] == groups
+    with pytest.raises(jg.GraphError, match="fuse must be True, False or 'auto', got 'yes'"):
+        jg.build_forward(jg.sum(x), fuse="yes")

@@ -48,8 +48,8 @@ def feeds(x, idx, seed=1):
 
 def test_every_op_is_in_the_model():
     g, x, idx, loss, params = every_op_model()
-    fwd = jg.build_forward(loss)
-    bwd = jg.build_backward(fwd)
+    fwd = jg.build_forward(loss, fuse=True)
+    bwd = jg.build_backward(fwd, fuse=True)
     in_forward = ({OPS[int(o)].name for o in g.nodes.op[fwd.order]}
                   | {OPS[int(o)].name for o in fwd.run_table.op[fwd.run_order]})     # a group is the program's
     in_backward = ({OPS[int(o)].name for o in g.nodes.op[bwd.order]}

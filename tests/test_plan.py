@@ -63,8 +63,8 @@ def check_no_overlap(prog):
 @settings(max_examples=examples(40))
 def test_random_programs_plan_and_run(program, seed):
     g, ps, vals, loss, params, weights = instance(program, seed)
-    fwd = jg.build_forward(loss)
-    bwd = jg.build_backward(fwd)
+    fwd = jg.build_forward(loss, fuse=True)              # small programs: "auto" would not fuse
+    bwd = jg.build_backward(fwd, fuse=True)
     for prog in (fwd, bwd):
         check_no_overlap(prog)
     # forward equals the numpy reference

@@ -108,7 +108,7 @@ def test_the_planned_peak_is_a_saw_tooth_of_slots_plus_a_few_activations():
         assert live.max() == bwd.peak_bytes
         # fused (each relu_d with its neighbours), the same peak; the timeline may show a hole
         # of one activation at it (the arena's extent, not its live bytes, is the peak)
-        fused = jg.build_backward(jg.build_forward(loss), checkpoints="revolve", slots=slots)
+        fused = jg.build_backward(jg.build_forward(loss), checkpoints="revolve", slots=slots, fuse=True)
         assert fused.stats()["n_groups"] > 0 and fused.peak_bytes == bwd.peak_bytes
         assert bwd.peak_bytes - act <= fused.memory_timeline().max() <= bwd.peak_bytes
         back = live[bwd.forward.order.size:]
