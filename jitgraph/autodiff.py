@@ -39,8 +39,8 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
     ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
     and every contribution is added (the graph the zero table avoids).  ``fuse``: group
-    connected elementwise nodes (fuse.py) -- ``"auto"`` when the program's elementwise work is
-    big enough to gain, ``True`` always, ``False`` never (every node alone); the bits are the same.
+    connected elementwise nodes (fuse.py) -- ``"auto"`` where it pays (a big fusable node or
+    many of them), ``True`` always, ``False`` never (every node alone); the bits are the same.
     """
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph

@@ -372,7 +372,8 @@ class Program:
         """One dict per node in execution order: id, name, describe (what it is; for a
         gradient node, the forward node and rule it comes from), op, shape, bytes,
         sources, flags, loc and offset (planned, in bytes; loc "group" and the group
-        node's id for a member that runs inside its group, fuse.py)."""
+        node's id for a member that runs inside its group, and flag "group" on the group's
+        last member, which runs it: fuse.py)."""
         rows = self.graph.node_rows(self.order)
         root = self._fused.root
         for row in rows:
@@ -381,6 +382,8 @@ class Program:
                 row.update(loc="group", offset=int(root[n]))
             else:
                 row.update(loc=("arena", "store", "io")[int(self.loc[n])], offset=int(self.off[n]) * self.itemsize)
+                if root[n] == n:                # the group's node: its flags say so
+                    row["flags"] = row["flags"] + ["group"]
         return rows
 
     # ---- pictures (Jupyter shows _repr_html_: the picture and a folded node table) ----
@@ -447,10 +450,10 @@ class ForwardGraph(Program):
 def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = True,
                   fuse: Union[bool, str] = "auto") -> "ForwardGraph":
     """Topologically order everything ``outputs`` (a Tensor or list) depend on, fuse
-    connected elementwise nodes into groups (``fuse=False``: none) and plan its memory
-    (``in_place=False``: no elementwise op overwrites a source).  ``fuse``: ``"auto"`` groups
-    when the elementwise work is big enough to gain (fuse.FUSE_MIN_ELEMENTS), ``True`` always,
-    ``False`` never; the bits are the same."""
+    connected elementwise nodes into groups and plan its memory (``in_place=False``: no
+    elementwise op overwrites a source).  ``fuse``: ``"auto"`` groups where it pays (a big
+    fusable node or many of them: fuse.wants_fusion), ``True`` always, ``False`` never; the
+    bits are the same."""
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
     # a first run's kernels (and, with params, gradient rules) start compiling in other processes now

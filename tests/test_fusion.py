@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.fuse import FUSE_MIN_ELEMENTS, MAX_MEMBERS
+from jitgraph.fuse import FUSE_MIN_ELEMENTS, FUSE_MIN_NODES, MAX_MEMBERS
 from jitgraph.ir import MAX_SRC
 from jitgraph.ops.group import CHUNK_ELEMS
 from jitgraph.registry import BY_NAME, GROUP
@@ -96,6 +96,11 @@ def test_groups_cut_the_forward_peak_and_keep_the_bits(dtype):
         for m in members[:-1]:
             with pytest.raises(jg.GraphError, match="was fused into the group of .* fuse=False"):
                 fused.value_of(m)
+    table = {r["id"]: r for r in fused.nodes()}
+    for root, members in groups.items():
+        assert "group" in table[root]["flags"] and table[root]["loc"] in ("arena", "io")
+        assert all((table[m]["loc"], table[m]["offset"]) == ("group", root) for m in members[:-1])
+    assert f"group@{root}" in fused.format_table(limit=1000)
     rows = fused.profile(feeds, repeats=1)
     assert any(r["op"].startswith("group(") and "tanh" in r["op"] for r in rows)
 
@@ -207,13 +212,22 @@ def test_planners_price_fused_programs():
         assert bwd.peak_bytes <= row["peak_bytes"]
 
 
-def test_auto_fuses_where_the_elementwise_work_is_big_enough():
-    """The default, fuse="auto": a small program runs every node alone (fusing would only add
-    a first compile), a big one is fused; anything but True, False, "auto" is an error."""
-    for n, groups in ((FUSE_MIN_ELEMENTS // 8, 0), (FUSE_MIN_ELEMENTS, 1)):
+def test_auto_fuses_where_it_pays():
+    """The default, fuse="auto": a program of a few small elementwise nodes runs every node
+    alone (fusing would only add a first compile); one with a big fusable node, or with
+    many small ones, is fused; anything but True, False, "auto" is an error."""
+    def program(n, layers):
         g = jg.Graph(np.float32)
         x = g.input((n,), name="x")
-        fwd = jg.build_forward(jg.sum(jg.tanh(x * 2.0) + x * x))
-        assert fwd.stats()["n_groups"] == groups
+        h = x
+        for _ in range(layers):
+            h = jg.tanh(h * 2.0) + x
+        return g, x, jg.build_forward(jg.sum(h))
+    assert program(FUSE_MIN_ELEMENTS - 1, 3)[2].stats()["n_groups"] == 0
+    assert program(FUSE_MIN_ELEMENTS, 1)[2].stats()["n_groups"] == 1
+    layers = -(-FUSE_MIN_NODES // 3)                                            # 3 fusable nodes a layer
+    assert program(16, layers)[2].stats()["n_groups"] >= layers * 3 // MAX_MEMBERS
+    assert program(16, layers - 1)[2].stats()["n_groups"] == 0
+    g, x, _ = program(16, 1)
     with pytest.raises(jg.GraphError, match="fuse must be True, False or 'auto', got 'yes'"):
         jg.build_forward(jg.sum(x), fuse="yes")
