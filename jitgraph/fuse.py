@@ -38,25 +38,45 @@ FUSE_MIN_NODES = 1024
 
 
 @njit(cache=True)
+def _read_before(src, n, k):
+    """Does node n read its source k in an earlier slot too?"""
+    for j in range(k):
+        if src[n, j] == src[n, k]:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _holds(here, count, x):
+    for j in range(count):
+        if here[j] == x:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _numel(shape, n):
+    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
+
+
+@njit(cache=True)
 def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
-    """(root of every node's group or -1, its place in the group, group sizes by root,
-    the member lists): ``nxt`` links a group's members in execution order from ``head``."""
+    """The groups of ``order``: each group's member list (``head`` to its last member through
+    ``nxt``, in execution order), its size ``count`` and external inputs ``ext`` (``n_ext``
+    of them), all indexed by its last member; ``absorbed`` marks the other members."""
     m = order.size
     readers = np.zeros(n_nodes, np.int64)           # distinct nodes that read each node
     last = np.full(n_nodes, -1, np.int64)           # and the position of the last
+    pos = np.full(n_nodes, -1, np.int64)
     for t in range(m):
         n = order[t]
+        pos[n] = t
         for k in range(MAX_SRC):
-            s = src[n, k]
-            if s < 0:
+            if src[n, k] < 0:
                 break
-            seen = False
-            for j in range(k):
-                if src[n, j] == s:
-                    seen = True
-            if not seen:
-                readers[s] += 1
-                last[s] = t
+            if not _read_before(src, n, k):
+                readers[src[n, k]] += 1
+                last[src[n, k]] = t
     head = np.full(n_nodes, -1, np.int64)
     tail = np.full(n_nodes, -1, np.int64)
     nxt = np.full(n_nodes, -1, np.int64)
@@ -74,68 +94,47 @@ def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
             s = src[c, k]
             if s < 0:
                 break
-            dup = False
-            for j in range(k):
-                if src[c, j] == s:
-                    dup = True
-            if dup:
+            if _read_before(src, c, k):
                 continue
             ok = (fusable[op[s]] != 0 and head[s] >= 0 and readers[s] == 1 and keep[s] == 0
                   and members + count[s] <= max_members)
             for d in range(4):
-                if shape[s, d] != shape[c, d]:
-                    ok = False
-            if ok:                                  # inputs held longer: at most the buffer it saves
+                ok = ok and shape[s, d] == shape[c, d]
+            if ok and pos[s] < t - 1:               # inputs held past other steps: at most the buffer it saves
                 held = 0
                 for e in range(n_ext[s]):
                     x = ext[s, e]
                     if last[x] < t and (flags[x] & F_LEAF) == 0:
-                        held += shape[x, 0] * shape[x, 1] * shape[x, 2] * shape[x, 3]
-                ok = held <= shape[s, 0] * shape[s, 1] * shape[s, 2] * shape[s, 3]
+                        held += _numel(shape, x)
+                ok = held <= _numel(shape, s)
             if ok:                                  # the inputs it would have, with slots for the sources to come
                 union = n_here
                 for e in range(n_ext[s]):
-                    new = True
-                    for j in range(n_here):
-                        if here[j] == ext[s, e]:
-                            new = False
-                    if new:
-                        union += 1
-                rest = 0
+                    union += not _holds(here, n_here, ext[s, e])
                 for q in range(k + 1, MAX_SRC):
-                    if src[c, q] >= 0:
-                        rest += 1
-                ok = union + rest <= MAX_SRC
-            if ok:
-                for e in range(n_ext[s]):
-                    new = True
-                    for j in range(n_here):
-                        if here[j] == ext[s, e]:
-                            new = False
-                    if new:
-                        here[n_here] = ext[s, e]
-                        n_here += 1
-                if h < 0:
-                    h = head[s]
-                else:
-                    nxt[tl] = head[s]
-                tl = tail[s]
-                members += count[s]
-                for e in range(n_ext[s]):
-                    if last[ext[s, e]] < t:
-                        last[ext[s, e]] = t             # now read here
-                x = head[s]
-                while x >= 0:
-                    absorbed[x] = 1
-                    x = nxt[x]
-            else:
-                new = True
-                for j in range(n_here):
-                    if here[j] == s:
-                        new = False
-                if new:
+                    union += src[c, q] >= 0
+                ok = union <= MAX_SRC
+            if not ok:                              # an input of c's group
+                if not _holds(here, n_here, s):
                     here[n_here] = s
                     n_here += 1
+                continue
+            for e in range(n_ext[s]):               # s's group joins: its inputs, its members
+                x = ext[s, e]
+                if not _holds(here, n_here, x):
+                    here[n_here] = x
+                    n_here += 1
+                last[x] = max(last[x], t)           # now read here
+            if h < 0:
+                h = head[s]
+            else:
+                nxt[tl] = head[s]
+            tl = tail[s]
+            members += count[s]
+            x = head[s]
+            while x >= 0:
+                absorbed[x] = 1
+                x = nxt[x]
         if h < 0:
             h = c
         else:

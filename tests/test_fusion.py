@@ -231,3 +231,22 @@ def test_auto_fuses_where_it_pays():
     g, x, _ = program(16, 1)
     with pytest.raises(jg.GraphError, match="fuse must be True, False or 'auto', got 'yes'"):
         jg.build_forward(jg.sum(x), fuse="yes")
+
+
+def test_a_source_joins_only_if_it_holds_no_bigger_inputs_longer():
+    """w = mm1 * mm2 frees two products where it runs: fused into tanh(w) right after it, it
+    holds them no longer (a group); fused into w + mm3, it would hold both over mm3's step to
+    save one buffer (no group)."""
+    rng = np.random.default_rng(7)
+    g = jg.Graph(np.float64)
+    x = g.input((64, 64), name="x")
+    W1, W2, W3 = (g.param(rng.standard_normal((64, 64)), name=f"W{i}") for i in range(3))
+    w = (x @ W1) * (x @ W2)
+    next_to = jg.build_forward(jg.sum(jg.tanh(w)), fuse=True)
+    assert list(next_to.groups().values()) == [[w.id, w.id + 1]]
+    w2 = (x @ W1) * (x @ W2)
+    apart = jg.build_forward(jg.sum(w2 + x @ W3), fuse=True)
+    assert apart.stats()["n_groups"] == 0
+    feeds = {x: rng.standard_normal((64, 64))}
+    for prog in (next_to, apart):
+        assert bits(prog.run(feeds)) == bits(jg.build_forward(prog.outputs[0], fuse=False).run(feeds))
