@@ -44,7 +44,7 @@ MISSING = 0        # not compiled
 
 _lock = threading.RLock()
 _keep: dict = {}                 # (kind, code, dtype) -> the compiled CFunc (the tables hold raw addresses)
-_runner_tables: dict = {}        # dtype name -> int64 address table
+_runner_tables: dict = {}        # (kind, dtype name) -> int64 address table
 
 
 def runner_signature(dtype):
@@ -54,7 +54,7 @@ def runner_signature(dtype):
 
 
 def _compile(kind, op, dtype, sig):
-    fn = op.runner
+    fn = op.runner if kind == "run" else op.chunk      # "chunk": the op's chunk runner (ops/group.py)
     with warnings.catch_warnings():
         # inlining vmath's functions trips a pedantic SSA check of Numba's (a warning that
         # asks for a bug report); the code is right -- the tests compare every op with numpy
@@ -220,7 +220,7 @@ def compile_units(units, what: str) -> list:
 
 
 def _new_units(dtype, codes):
-    table = _runner_tables.get(dtype)
+    table = _runner_tables.get(("run", dtype))
     present = np.flatnonzero(np.bincount(np.asarray(codes, np.int64), minlength=registry.n_codes()))
     out = []
     for code in present.tolist():
@@ -247,26 +247,40 @@ def prefetch(dtype, codes) -> None:
         notice(f"compiling {len(kernels)} kernels for {name} in the background (first run only)...")
 
 
-def runners(dtype, codes):
-    """The runner table of ``dtype`` with every op in ``codes`` (distinct opcodes) compiled."""
-    dtype = np.dtype(dtype)
-    table = _runner_tables.get(dtype.name)
+def _table(kind, dtype):
+    """The address table of ``kind`` ("run": runners, "chunk": chunk runners) for ``dtype``."""
+    key = (kind, dtype.name)
+    table = _runner_tables.get(key)
     if table is None or table.size < registry.n_codes():
         with _lock:
-            table = _runner_tables.get(dtype.name)
+            table = _runner_tables.get(key)
             if table is None or table.size < registry.n_codes():
                 table = np.full(registry.n_codes(), MISSING, np.int64)
                 for op in registry.OPS.values():
-                    if op.runner is None:
+                    if (op.runner if kind == "run" else op.chunk) is None:
                         table[op.code] = SKIP
-                _runner_tables[dtype.name] = table
-    todo = [int(c) for c in codes if table[c] == MISSING]
-    if todo:
-        with _lock:
-            units = [("run", code, dtype.name) for code in todo if table[code] == MISSING]
-            for (_, code, _), address in zip(units, compile_units(units, f"kernels for {dtype.name}")):
-                table[code] = address
+                _runner_tables[key] = table
     return table
+
+
+def tables(dtype, codes, chunk_codes=()):
+    """(runner table, chunk runner table) of ``dtype``, with the runners of ``codes`` and the
+    chunk runners of ``chunk_codes`` (distinct opcodes) compiled -- in one batch, so that
+    worker processes share it."""
+    dtype = np.dtype(dtype)
+    by_kind = {"run": _table("run", dtype), "chunk": _table("chunk", dtype)}
+    wanted = [("run", int(c)) for c in codes] + [("chunk", int(c)) for c in chunk_codes]
+    if any(by_kind[k][c] == MISSING for k, c in wanted):
+        with _lock:
+            units = [(k, c, dtype.name) for k, c in wanted if by_kind[k][c] == MISSING]
+            for (kind, code, _), address in zip(units, compile_units(units, f"kernels for {dtype.name}")):
+                by_kind[kind][code] = address
+    return by_kind["run"], by_kind["chunk"]
+
+
+def runners(dtype, codes):
+    """The runner table of ``dtype`` with every op in ``codes`` (distinct opcodes) compiled."""
+    return tables(dtype, codes)[0]
 
 
 def _capsule_address(capsule):

@@ -68,14 +68,14 @@ def needs_blocks(G, order, split) -> bool:
 
 
 @njit(cache=True, nogil=True)
-def run_nodes(G, order, loc, off, mem, store, salt, runners, natives, split, blocks, groups):
+def run_nodes(G, order, loc, off, mem, store, salt, runners, natives, split, blocks, groups, chunks):
     """Run nodes ``order`` in sequence.  Returns (status, node, detail); status 0 is OK.
     ``salt`` is added to every dropout seed (fresh masks per training step, the same
     for a node and its recomputed copy within one run); ``runners`` and ``natives`` come
     from compiler.py, ``split`` is registry.table("split"), ``blocks`` is the address of
     the block runner (0 if ``needs_blocks`` said no), ``groups`` the program's group code
-    (fuse.py)."""
-    ctx = run_context(G, loc, off, mem, store, salt, natives, runners, groups)
+    (fuse.py) and ``chunks`` the chunk runners its groups call (compiler.tables)."""
+    ctx = run_context(G, loc, off, mem, store, salt, natives, chunks, groups)
     ctx_p = data_pointer(ctx)
     mem_p = data_pointer(mem)
     store_p = data_pointer(store)
@@ -112,15 +112,15 @@ def run_nodes(G, order, loc, off, mem, store, salt, runners, natives, split, blo
 
 
 @njit(cache=True, nogil=True)
-def run_nodes_debug(G, order, loc, off, mem, store, salt, runners, natives, split, blocks, groups, arena_elems,
-                    free_at, free_off, free_size):
+def run_nodes_debug(G, order, loc, off, mem, store, salt, runners, natives, split, blocks, groups, chunks,
+                    arena_elems, free_at, free_off, free_size):
     """run_nodes, poisoning memory: the arena starts as NaN and every block the
     plan frees is refilled with NaN right away, so a read after free shows up."""
     for i in range(arena_elems):
         mem[i] = np.nan
     for t in range(order.size):
         status, node, detail = run_nodes(G, order[t:t + 1], loc, off, mem, store, salt, runners, natives, split,
-                                         blocks, groups)
+                                         blocks, groups, chunks)
         if status:
             return status, node, detail
         for e in range(free_at[t], free_at[t + 1]):

@@ -13,8 +13,9 @@ A runner: ``status = run(n, lo, hi, ctx, mem, store)``
 * ``lo, hi`` the units of work to do (elements, rows ... -- the op's ``split``):
             [lo, hi), or all of them when ``hi`` is -1; a big node is cut into
             fixed blocks that threads run concurrently (interpreter.py); ``lo`` =
-            ``CHUNK`` asks a fusable op for ``hi`` elements of a group's chunk, its
-            output and operands at the addresses in ctx[RUN_CHUNK...] (ops/group.py);
+            an op's *chunk runner* (``chunk=`` in the registry) computes ``hi``
+            elements of a group's chunk, its output and operands at the addresses in
+            ctx[RUN_CHUNK...] (ops/group.py);
 * ``ctx``   int64 array: the node table's and the plan's array addresses, the
             run's dropout salt and a slot for a status detail (``RUN_*`` below);
 * ``mem``   the run buffer ``[arena | io]`` and ``store`` the graph's value
@@ -139,7 +140,7 @@ RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
 RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
 RUN_GEMM_ILP64 = 13        # 1 if that gemm takes 64-bit integers
 RUN_TILES = 14             # most tiles a product is cut into: the thread pool's size
-RUN_RUNNERS, RUN_N_RUNNERS = 15, 16     # the runner table (a group runs its members' runners)
+RUN_CHUNKS, RUN_N_CHUNKS = 15, 16       # the chunk runner table (a group runs its members' chunks)
 RUN_GROUPS, RUN_N_GROUPS = 17, 18       # the program's group code (fuse.py)
 RUN_CHUNK = 19             # 3 addresses: a chunk's output and operands (CHUNK calls)
 RUN_CTX = RUN_CHUNK + 3
@@ -160,9 +161,9 @@ class RunView(NamedTuple):
 
 
 @njit(cache=True)
-def run_context(G, loc, off, mem, store, salt, natives, runners, groups):
+def run_context(G, loc, off, mem, store, salt, natives, chunks, groups):
     """The ctx array a program's run hands to every runner (``natives``: compiler.natives;
-    ``runners``: the runner table; ``groups``: the program's group code)."""
+    ``chunks``: the chunk runner table; ``groups``: the program's group code)."""
     ctx = np.empty(RUN_CTX, np.int64)
     ctx[RUN_ROWS] = G.op.size
     ctx[RUN_SRC] = address_of(G.src)
@@ -179,8 +180,8 @@ def run_context(G, loc, off, mem, store, salt, natives, runners, groups):
     ctx[RUN_EXTENT] = 1
     ctx[RUN_GEMM_ILP64] = natives[2]
     ctx[RUN_TILES] = natives[3]
-    ctx[RUN_RUNNERS] = address_of(runners)
-    ctx[RUN_N_RUNNERS] = runners.size
+    ctx[RUN_CHUNKS] = address_of(chunks)
+    ctx[RUN_N_CHUNKS] = chunks.size
     ctx[RUN_GROUPS] = address_of(groups)
     ctx[RUN_N_GROUPS] = groups.size
     ctx[RUN_CHUNK:RUN_CTX] = 0
@@ -220,8 +221,8 @@ def pointer_like(typingctx, address, arr):
 
 @njit(cache=True, inline="always")
 def chunk_operand(v, k, m):
-    """In a CHUNK call: the ``m`` elements at address k of ctx[RUN_CHUNK...] (0 the output,
-    1 and 2 the operands)."""
+    """In a chunk runner: the ``m`` elements at address k of ctx[RUN_CHUNK...] (0 the
+    output, 1 and 2 the operands)."""
     return carray(pointer_like(v.ctx[RUN_CHUNK + k], v.mem), m)
 
 

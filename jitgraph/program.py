@@ -6,7 +6,7 @@ gradient nodes.
 """
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -99,9 +99,12 @@ class Program:
         in_order = (nodes.flags[self.order] & F_INPUT) != 0
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
-        self._op_codes = np.unique(np.append(nodes.op[self.order], GROUP if self._fused.n_groups else 0))
-        self._calls_blas = any(OPS[int(c)].blas for c in self._op_codes)
-        self._tables: Optional[Tuple[np.ndarray, np.ndarray, int]] = None   # (runners, natives, blocks) once compiled
+        # what runs: the runners of run_order's ops, and the chunk runners of the groups' members
+        self._op_codes = np.unique(self._fused.nodes.op[self.run_order])
+        inside = np.asarray([m for ms in self.groups().values() for m in ms], np.int64)
+        self._chunk_codes = np.unique(nodes.op[inside])
+        self._calls_blas = any(OPS[int(c)].blas for c in np.union1d(self._op_codes, self._chunk_codes))
+        self._tables: Optional[tuple] = None    # (runners, natives, blocks, chunk runners) once compiled
 
     # ---- sizes --------------------------------------------------------------------
     @property
@@ -239,17 +242,17 @@ class Program:
         g = self.graph
         salt = _salt(seed)
         split = table("split")
-        runners, natives, blocks = self._kernels(mem, salt, split)
+        runners, natives, blocks, chunks = self._kernels(mem, salt, split)
         enter_run()
         with self._blas_held(natives):
             if debug:
                 status, node, detail = run_nodes_debug(self._run_table(), self.run_order, self.loc, self.off, mem,
                                                        g.store, salt, runners, natives, split, blocks,
-                                                       self._fused.code, self.arena_elems, self._free_at,
+                                                       self._fused.code, chunks, self.arena_elems, self._free_at,
                                                        self._free_off, self._free_size)
             else:
                 status, node, detail = run_nodes(self._run_table(), self.run_order, self.loc, self.off, mem, g.store,
-                                                 salt, runners, natives, split, blocks, self._fused.code)
+                                                 salt, runners, natives, split, blocks, self._fused.code, chunks)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
         if self._running is not None:        # once per successful run, never for a failed one
@@ -260,7 +263,7 @@ class Program:
         return held_blas(int(natives[1]) if self._calls_blas else 0)
 
     def _kernels(self, mem, salt, split):
-        """(runner table, natives, block runner) for this program: on its first run the
+        """(runner table, natives, block runner, chunk runner table) for this program: on its first run the
         interpreter compiles (or loads) first, then the block runner if a node is big
         enough to split, while worker processes compile the kernels build_forward asked
         for; then the kernels it uses are waited for.  Kept: asking again each run cost
@@ -272,10 +275,11 @@ class Program:
             natives = compiler.natives(g.dtype)
             if g.dtype.name not in _interpreter_ready:
                 run_nodes(G, self.run_order[:0], self.loc, self.off, mem, g.store, salt,
-                          np.zeros(1, np.int64), natives, split, 0, self._fused.code)
+                          np.zeros(1, np.int64), natives, split, 0, self._fused.code, np.zeros(1, np.int64))
                 _interpreter_ready.add(g.dtype.name)
             blocks = block_runner(g.dtype) if needs_blocks(G, self.run_order, split) else 0
-            tables = self._tables = (compiler.runners(g.dtype, self._op_codes), natives, blocks)
+            runners, chunks = compiler.tables(g.dtype, self._op_codes, self._chunk_codes)
+            tables = self._tables = (runners, natives, blocks, chunks)
         return tables
 
     def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
@@ -290,8 +294,9 @@ class Program:
         G = self._run_table()
         salt = _salt(seed)
         split = table("split")
-        runners, natives, blocks = self._kernels(self.mem, salt, split)
-        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split, blocks, self._fused.code)
+        runners, natives, blocks, chunks = self._kernels(self.mem, salt, split)
+        args = (self.loc, self.off, self.mem, g.store, salt, runners, natives, split, blocks, self._fused.code,
+                chunks)
         enter_run()
         clock = time.perf_counter
         empty = self.run_order[:0]

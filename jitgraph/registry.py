@@ -10,9 +10,9 @@ each of its ops with one :func:`defop` call, right below the op's three parts:
 * the **vjp** -- the gradient rule, appending gradient nodes (see ``backward.py``);
   :data:`ZERO_GRAD` for a piecewise-constant op, :data:`NO_GRAD` for none.
 
-``fuse=True`` says the runner also computes a *chunk* of a group (its family's
-convention, native.py's CHUNK): the fusion pass (fuse.py) may then put the op in a
-group with its elementwise neighbours.
+``chunk=`` is an elementwise op's *chunk runner*: the same element function over a
+group's chunk (its family's convention, native.py's CHUNK), compiled only for programs
+that fuse the op; with one, the fusion pass (fuse.py) may put the op in a group.
 
 Opcodes are explicit and **stable**: a code is never reused or renumbered (a test
 pins them), so code compiled and cached against one op table can never dispatch to
@@ -119,7 +119,11 @@ class Op:
     sources: tuple = ()           # the names its rule gives its sources
     ip_names: tuple = ()          # its int parameters by slot (G.ip[n, slot]); '' for an unused slot
     fp_names: tuple = ()          # its float parameters by slot (G.fp[n, slot])
-    fuse: bool = False            # its runner computes a group's chunk too (fuse.py)
+    chunk: Optional[Callable[..., Any]] = None   # its chunk runner: the op fuses (fuse.py)
+
+    @property
+    def fuse(self) -> bool:
+        return self.chunk is not None
 
     @property
     def differentiable(self) -> bool:
@@ -145,7 +149,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
           label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None,
           blas: bool = False, sources: Optional[tuple] = None, ip: Any = None, fp: Any = None,
-          fuse: bool = False) -> int:
+          chunk: Optional[Callable[..., Any]] = None) -> int:
     """Declare an op; returns its code.  See the module docstring.  ``sources`` names the
     sources for its rule; ``ip`` / ``fp`` are IntEnums naming its int / float parameter
     slots, read by name everywhere (``v.ip[n, SoftmaxIP.axis]``)."""
@@ -166,7 +170,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         raise ValueError(f"op {name!r}: unknown kind {kind!r}")
     if (runner is None) != (kind in (LEAF, VIEW)):
         raise ValueError(f"op {name!r}: leaves and views have no runner, every other op has one")
-    if fuse and (kind != ELEMENTWISE or ip_names):
+    if chunk is not None and (kind != ELEMENTWISE or ip_names):
         raise ValueError(f"op {name!r}: only elementwise ops without int parameters fuse")
     if split is None:
         split = ELEMENTS if kind == ELEMENTWISE else NONE
@@ -176,7 +180,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         owner = builder or runner
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
-                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names, fuse)
+                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names, chunk)
     BY_NAME[name] = OPS[code]
     if builder is not None and OPS[code].public:
         export(builder)

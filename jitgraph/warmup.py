@@ -65,8 +65,9 @@ def _passes(dtype: str) -> None:
 
 
 def units(dtypes: Iterable[str]) -> list:
-    """Every op's runner for each dtype."""
-    return [("run", op.code, dt) for dt in dtypes for op in registry.OPS.values() if op.runner is not None]
+    """Every op's runner, and every fusable op's chunk runner, for each dtype."""
+    return ([("run", op.code, dt) for dt in dtypes for op in registry.OPS.values() if op.runner is not None]
+            + [("chunk", op.code, dt) for dt in dtypes for op in registry.OPS.values() if op.chunk is not None])
 
 
 def warmup(dtypes: Sequence[str] = ("float32",), progress: bool = True) -> Dict[str, float]:

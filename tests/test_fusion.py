@@ -9,7 +9,7 @@ import jitgraph as jg
 from jitgraph.fuse import FUSE_MIN_ELEMENTS, FUSE_MIN_NODES, MAX_MEMBERS
 from jitgraph.ir import MAX_SRC
 from jitgraph.ops.group import CHUNK_ELEMS
-from jitgraph.registry import BY_NAME, GROUP
+from jitgraph.registry import BY_NAME, GROUP, OPS
 from jitgraph.threads import BLOCK
 
 from .naive import REF, build
@@ -250,3 +250,17 @@ def test_a_source_joins_only_if_it_holds_no_bigger_inputs_longer():
     feeds = {x: rng.standard_normal((64, 64))}
     for prog in (next_to, apart):
         assert bits(prog.run(feeds)) == bits(jg.build_forward(prog.outputs[0], fuse=False).run(feeds))
+
+
+def test_only_what_runs_is_compiled():
+    """A program runs the runners of what runs alone and the chunk runners of its groups'
+    members: an op that only runs inside groups needs no runner of its own, and an unfused
+    program needs no chunk runner."""
+    g, x, loss, params, feeds = mlp(np.float32)
+    fused, plain = jg.build_forward(loss, fuse=True), jg.build_forward(loss, fuse=False)
+    names = lambda codes: {OPS[int(c)].name for c in codes}                  # noqa: E731
+    inside = {OPS[int(g.nodes.op[m])].name for ms in fused.groups().values() for m in ms}
+    assert names(fused._chunk_codes) == inside and "group" in names(fused._op_codes)
+    assert "tanh" in inside and "tanh" not in names(fused._op_codes)          # tanh only runs in a group
+    assert plain._chunk_codes.size == 0 and "tanh" in names(plain._op_codes)
+    assert bits(fused.run(feeds)) == bits(plain.run(feeds))

@@ -13,7 +13,7 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Operand, Tensor
-from ..native import CHUNK, chunk_operand, operand, output, run_view, same_data, span
+from ..native import chunk_operand, operand, output, run_view, same_data, span
 from ..registry import ADD, AFFINE, DIV, ELEMENTWISE, MUL, SUB, WHERE, defop, export, slots
 from ..rules import either, op
 from ..status import OK
@@ -121,13 +121,7 @@ def row_offset(shape, n, r, s0, s1, s2):
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
 def binary(v, n, f, lo, hi):
     """Run node n over elements [lo, hi): f(a, b) with broadcasting, f an op's element
-    function (njit, inlined: each op compiles its own loops, with its own math only).  A
-    CHUNK call maps f over a group's chunk, its operands already broadcast (ops/group.py)."""
-    if lo == CHUNK:
-        y, xa, xb = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi), chunk_operand(v, 2, hi)
-        for j in range(hi):
-            y[j] = f(xa[j], xb[j])
-        return OK
+    function (njit, inlined: each op compiles its own loops, with its own math only)."""
     out = output(v, n)
     a = operand(v, n, 0)
     b = operand(v, n, 1)
@@ -155,6 +149,17 @@ def binary(v, n, f, lo, hi):
     return OK
 
 
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see binary)
+def binary_chunk(v, n, f, m):
+    """A group's chunk of node n (ops/group.py): f over the m elements at the chunk's
+    addresses, its operands already broadcast.  An op's chunk runner, compiled only for
+    programs that fuse it."""
+    y, xa, xb = chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m)
+    for j in range(m):
+        y[j] = f(xa[j], xb[j])
+    return OK
+
+
 # Rules give a contribution in n's (broadcast) shape; the backward pass sums it down to the
 # source's shape, once, for every rule (see rules.py).
 
@@ -173,7 +178,11 @@ def _run_add(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _add, lo, hi)
 
 
-defop(ADD, "add", add, _run_add, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_add(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _add, hi)
+
+
+defop(ADD, "add", add, _run_add, arity=2, kind=ELEMENTWISE, chunk=_chunk_add,
       vjp=lambda g, a, b: (g, g))
 
 
@@ -192,7 +201,11 @@ def _run_sub(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _sub, lo, hi)
 
 
-defop(SUB, "sub", sub, _run_sub, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_sub(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _sub, hi)
+
+
+defop(SUB, "sub", sub, _run_sub, arity=2, kind=ELEMENTWISE, chunk=_chunk_sub,
       vjp=lambda g, a, b: (g, -1.0 * g))
 
 
@@ -211,7 +224,11 @@ def _run_mul(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _mul, lo, hi)
 
 
-defop(MUL, "mul", mul, _run_mul, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_mul(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _mul, hi)
+
+
+defop(MUL, "mul", mul, _run_mul, arity=2, kind=ELEMENTWISE, chunk=_chunk_mul,
       vjp=lambda g, a, b: (g * b, g * a))
 
 
@@ -230,7 +247,11 @@ def _run_div(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _div, lo, hi)
 
 
-defop(DIV, "div", div, _run_div, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_div(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _div, hi)
+
+
+defop(DIV, "div", div, _run_div, arity=2, kind=ELEMENTWISE, chunk=_chunk_div,
       vjp=lambda g, a, b, out: (g / b, -1.0 * (g * out / b)))
 
 
@@ -251,14 +272,8 @@ def scale(t: Tensor, s: float) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def _affine_loop(v, n, lo, hi):
-    if lo == CHUNK:                           # a group's chunk (ops/group.py)
-        y, x = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi)
-    else:
-        out = output(v, n)
-        lo, hi = span(lo, hi, out.size)
-        y = out[lo:hi]                        # slices from 0: see _run
-        x = operand(v, n, 0)[lo:hi]
+def _affine_loop(v, y, x, n):
+    """y = scale * x + shift over the arrays y, x (node n's parameters)."""
     a = in_dtype_of(y, v.fp[n, AffineFP.scale])       # in the graph's dtype, as numpy's x * 2.0 is
     b = in_dtype_of(y, v.fp[n, AffineFP.shift])
     pure = v.fp[n, AffineFP.shift] == 0.0             # a pure scale: keep -0.0 as numpy's x * a does
@@ -279,10 +294,18 @@ def _affine_loop(v, n, lo, hi):
 
 
 def _run_affine(n, lo, hi, ctx, mem, store):
-    return _affine_loop(run_view(ctx, mem, store), n, lo, hi)
+    v = run_view(ctx, mem, store)
+    out = output(v, n)
+    lo, hi = span(lo, hi, out.size)
+    return _affine_loop(v, out[lo:hi], operand(v, n, 0)[lo:hi], n)     # slices from 0: see _run
 
 
-defop(AFFINE, "affine", affine, _run_affine, arity=1, kind=ELEMENTWISE, fuse=True, public=False, fp=AffineFP,
+def _chunk_affine(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    return _affine_loop(v, chunk_operand(v, 0, hi), chunk_operand(v, 1, hi), n)
+
+
+defop(AFFINE, "affine", affine, _run_affine, arity=1, kind=ELEMENTWISE, chunk=_chunk_affine, public=False, fp=AffineFP,
       vjp=lambda g, scale: either(scale == 1.0, g, scale * g))      # x + c passes g through
 
 

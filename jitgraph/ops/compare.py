@@ -14,7 +14,7 @@ from ..registry import (ELEMENTWISE, EQUAL, GREATER, GREATER_EQUAL, LESS, LESS_E
                         defop)
 from ..rules import op
 from ..vmath import like
-from .binary import _binary, binary
+from .binary import _binary, binary, binary_chunk
 
 
 # ---- maximum and minimum ----------------------------------------------------------------------------
@@ -33,7 +33,11 @@ def _run_maximum(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _maximum, lo, hi)
 
 
-defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_maximum(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _maximum, hi)
+
+
+defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE, chunk=_chunk_maximum,
       vjp=lambda g, a, b: (g * op.greater_equal(a, b), g * op.less(a, b)))      # to the chosen one; ties to a
 
 
@@ -52,7 +56,11 @@ def _run_minimum(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _minimum, lo, hi)
 
 
-defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_minimum(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _minimum, hi)
+
+
+defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE, chunk=_chunk_minimum,
       vjp=lambda g, a, b: (g * op.less_equal(a, b), g * op.greater(a, b)))
 
 
@@ -71,7 +79,11 @@ def _run_less(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _less, lo, hi)
 
 
-defop(LESS, "less", less, _run_less, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True, label="<")
+def _chunk_less(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _less, hi)
+
+
+defop(LESS, "less", less, _run_less, ZERO_GRAD, arity=2, kind=ELEMENTWISE, chunk=_chunk_less, label="<")
 
 
 def less_equal(a: Operand, b: Operand) -> Tensor:
@@ -88,7 +100,12 @@ def _run_less_equal(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _less_equal, lo, hi)
 
 
-defop(LESS_EQUAL, "less_equal", less_equal, _run_less_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True,
+def _chunk_less_equal(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _less_equal, hi)
+
+
+defop(LESS_EQUAL, "less_equal", less_equal, _run_less_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE,
+      chunk=_chunk_less_equal,
       label="<=")
 
 
@@ -106,7 +123,11 @@ def _run_greater(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _greater, lo, hi)
 
 
-defop(GREATER, "greater", greater, _run_greater, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True, label=">")
+def _chunk_greater(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _greater, hi)
+
+
+defop(GREATER, "greater", greater, _run_greater, ZERO_GRAD, arity=2, kind=ELEMENTWISE, chunk=_chunk_greater, label=">")
 
 
 def greater_equal(a: Operand, b: Operand) -> Tensor:
@@ -123,8 +144,12 @@ def _run_greater_equal(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _greater_equal, lo, hi)
 
 
+def _chunk_greater_equal(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _greater_equal, hi)
+
+
 defop(GREATER_EQUAL, "greater_equal", greater_equal, _run_greater_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE,
-      fuse=True, label=">=")
+      chunk=_chunk_greater_equal, label=">=")
 
 
 def equal(a: Operand, b: Operand) -> Tensor:
@@ -141,4 +166,8 @@ def _run_equal(n, lo, hi, ctx, mem, store):
     return binary(run_view(ctx, mem, store), n, _equal, lo, hi)
 
 
-defop(EQUAL, "equal", equal, _run_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, fuse=True, label="==")
+def _chunk_equal(n, lo, hi, ctx, mem, store):
+    return binary_chunk(run_view(ctx, mem, store), n, _equal, hi)
+
+
+defop(EQUAL, "equal", equal, _run_equal, ZERO_GRAD, arity=2, kind=ELEMENTWISE, chunk=_chunk_equal, label="==")

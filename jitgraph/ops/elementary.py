@@ -17,7 +17,7 @@ from ..registry import CLIP, CLIP_MASK, COS, ELEMENTWISE, POW, SIN, SOFTPLUS, ZE
 from ..rules import either, op
 from ..vmath import like
 from .common import is_scalar, need_tensor
-from .unary import _unary, unary
+from .unary import _unary, unary, unary_chunk
 
 
 class PowFP(IntEnum):
@@ -44,7 +44,11 @@ def _run_sin(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sin, lo, hi)
 
 
-defop(SIN, "sin", sin, _run_sin, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
+def _chunk_sin(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _sin, hi)
+
+
+defop(SIN, "sin", sin, _run_sin, arity=1, kind=ELEMENTWISE, chunk=_chunk_sin, flops=8,
       vjp=lambda g, x: g * op.cos(x))
 
 
@@ -62,7 +66,11 @@ def _run_cos(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _cos, lo, hi)
 
 
-defop(COS, "cos", cos, _run_cos, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
+def _chunk_cos(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _cos, hi)
+
+
+defop(COS, "cos", cos, _run_cos, arity=1, kind=ELEMENTWISE, chunk=_chunk_cos, flops=8,
       vjp=lambda g, x: -1.0 * (g * op.sin(x)))
 
 
@@ -88,7 +96,11 @@ def _run_pow(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _pow, lo, hi)
 
 
-defop(POW, "pow", pow, _run_pow, arity=1, kind=ELEMENTWISE, fuse=True, flops=8, fp=PowFP,
+def _chunk_pow(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _pow, hi)
+
+
+defop(POW, "pow", pow, _run_pow, arity=1, kind=ELEMENTWISE, chunk=_chunk_pow, flops=8, fp=PowFP,
       vjp=lambda g, x, exponent: either(exponent == 0.0, None, either(      # g p x^(p-1); nothing for p = 0
           exponent == 1.0, g, g * either(exponent == 2.0, 2.0 * x, exponent * op.pow(x, exponent=exponent - 1.0)))))
 
@@ -119,7 +131,11 @@ def _run_clip(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _clip, lo, hi)
 
 
-defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, fuse=True, flops=2, fp=ClipFP,
+def _chunk_clip(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _clip, hi)
+
+
+defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, chunk=_chunk_clip, flops=2, fp=ClipFP,
       vjp=lambda g, x, lo, hi: g * op.clip_mask(x, lo=lo, hi=hi))              # g [lo <= x <= hi]
 
 
@@ -138,7 +154,11 @@ def _run_clip_mask(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _clip_mask, lo, hi)
 
 
-defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, fuse=True,
+def _chunk_clip_mask(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _clip_mask, hi)
+
+
+defop(CLIP_MASK, "clip_mask", clip_mask, _run_clip_mask, ZERO_GRAD, arity=1, kind=ELEMENTWISE, chunk=_chunk_clip_mask,
       public=False, fp=ClipFP)
 
 
@@ -158,5 +178,9 @@ def _run_softplus(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _softplus, lo, hi)
 
 
-defop(SOFTPLUS, "softplus", softplus, _run_softplus, arity=1, kind=ELEMENTWISE, fuse=True, flops=12,
+def _chunk_softplus(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _softplus, hi)
+
+
+defop(SOFTPLUS, "softplus", softplus, _run_softplus, arity=1, kind=ELEMENTWISE, chunk=_chunk_softplus, flops=12,
       vjp=lambda g, x: g * op.sigmoid(x))

@@ -3,7 +3,7 @@
 The group node keeps its last member's id, shape and buffer; its sources are the
 group's external inputs (at most four).  Its runner walks the output in chunks of
 ``CHUNK_ELEMS`` elements and, for each chunk, calls every member's own runner in
-order (a CHUNK call: native.py), each reading the chunk of its operands and writing
+order (its chunk runner: native.py), each reading the chunk of its operands and writing
 the chunk of its result into a small scratch.  So a member's value never leaves the
 cache and takes no arena slot, and every element goes through the same element
 functions, in the same order, as unfused: the bits are the unfused program's.
@@ -19,7 +19,7 @@ import numpy as np
 from numba import carray, njit
 
 from ..ir import MAX_SRC
-from ..native import (CHUNK, RUN_CHUNK, RUN_CTX, RUN_GROUPS, RUN_N_GROUPS, RUN_N_RUNNERS, RUN_RUNNERS, address_of,
+from ..native import (CHUNK, RUN_CHUNK, RUN_CTX, RUN_GROUPS, RUN_N_GROUPS, RUN_CHUNKS, RUN_N_CHUNKS, address_of,
                       call_runner, data_pointer, operand, output, pointer, run_view, span)
 from ..registry import ELEMENTWISE, GROUP, defop
 from ..status import OK
@@ -67,7 +67,7 @@ def _run_group(n, lo, hi, ctx, mem, store):
     size = out.size
     lo, hi = span(lo, hi, size)
     code = carray(pointer(v.ctx[RUN_GROUPS], np.int64), v.ctx[RUN_N_GROUPS])
-    runners = carray(pointer(v.ctx[RUN_RUNNERS], np.int64), v.ctx[RUN_N_RUNNERS])
+    chunks = carray(pointer(v.ctx[RUN_CHUNKS], np.int64), v.ctx[RUN_N_CHUNKS])
     at = v.ip[n, GroupIP.code]
     k = code[at]
     # scratch: a chunk for each member's result but the last, and for each broadcast input
@@ -104,7 +104,7 @@ def _run_group(n, lo, hi, ctx, mem, store):
                 else:
                     i = ref - EXTERNAL
                     local[RUN_CHUNK + 1 + q] = address_of(scratch[i * CHUNK_ELEMS:i * CHUNK_ELEMS + m])
-            status = call_runner(runners[code[w]], code[w + 1], CHUNK, m, local_p, mem, store)
+            status = call_runner(chunks[code[w]], code[w + 1], CHUNK, m, local_p, mem, store)
             if status != OK:
                 return status
     return OK

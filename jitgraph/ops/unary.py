@@ -16,7 +16,7 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import CHUNK, chunk_operand, operand, output, run_view, same_data, span
+from ..native import chunk_operand, operand, output, run_view, same_data, span
 from ..registry import (ABS, COPY, ELEMENTWISE, EXP, GELU, GELU_D, GELU_DD, LEAKY_RELU, LOG, NEG, RELU, RELU_D, SIGMOID,
                         SIGN, SILU, SILU_D, SILU_DD, SQR, SQRT, STEP, TANH, ZERO_GRAD, defop, slots)
 from ..rules import op
@@ -40,14 +40,9 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
 def unary(v, n, f, lo, hi):
     """Run node n over elements [lo, hi): out[i] = f(x[i], p0, p1), with f an op's
     element function (njit, inlined: a distinct function makes a distinct loop, so an
-    op's runner compiles its own math only).  A CHUNK call maps f over a group's chunk."""
+    op's runner compiles its own math only)."""
     p0 = v.fp[n, 0]                   # the family's convention: an element function takes the node's two
     p1 = v.fp[n, 1]                   # float parameters in slot order (its op's fp declaration names them)
-    if lo == CHUNK:                   # hi elements at the chunk's addresses (ops/group.py)
-        y, x = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi)
-        for i in range(hi):
-            y[i] = f(x[i], p0, p1)
-        return OK
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                    # slices indexed from 0: no wraparound test, so the loops vectorize
@@ -58,6 +53,18 @@ def unary(v, n, f, lo, hi):
     else:
         for i in range(y.size):
             y[i] = f(x[i], p0, p1)
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see unary)
+def unary_chunk(v, n, f, m):
+    """A group's chunk of node n (ops/group.py): y[i] = f(x[i], p0, p1) for the m elements at
+    the chunk's addresses.  An op's chunk runner, compiled only for programs that fuse it."""
+    y, x = chunk_operand(v, 0, m), chunk_operand(v, 1, m)
+    p0 = v.fp[n, 0]
+    p1 = v.fp[n, 1]
+    for i in range(m):
+        y[i] = f(x[i], p0, p1)
     return OK
 
 
@@ -76,7 +83,11 @@ def _run_neg(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _neg, lo, hi)
 
 
-defop(NEG, "neg", neg, _run_neg, arity=1, kind=ELEMENTWISE, fuse=True,
+def _chunk_neg(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _neg, hi)
+
+
+defop(NEG, "neg", neg, _run_neg, arity=1, kind=ELEMENTWISE, chunk=_chunk_neg,
       vjp=lambda g: -g)
 
 
@@ -95,7 +106,11 @@ def _run_sqr(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sqr, lo, hi)
 
 
-defop(SQR, "sqr", sqr, _run_sqr, arity=1, kind=ELEMENTWISE, fuse=True,
+def _chunk_sqr(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _sqr, hi)
+
+
+defop(SQR, "sqr", sqr, _run_sqr, arity=1, kind=ELEMENTWISE, chunk=_chunk_sqr,
       vjp=lambda g, x: g * (2.0 * x))
 
 
@@ -114,7 +129,11 @@ def _run_sqrt(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sqrt, lo, hi)
 
 
-defop(SQRT, "sqrt", sqrt, _run_sqrt, arity=1, kind=ELEMENTWISE, fuse=True, flops=4,
+def _chunk_sqrt(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _sqrt, hi)
+
+
+defop(SQRT, "sqrt", sqrt, _run_sqrt, arity=1, kind=ELEMENTWISE, chunk=_chunk_sqrt, flops=4,
       vjp=lambda g, out: 0.5 * g / out)
 
 
@@ -133,7 +152,11 @@ def _run_exp(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _exp, lo, hi)
 
 
-defop(EXP, "exp", exp, _run_exp, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
+def _chunk_exp(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _exp, hi)
+
+
+defop(EXP, "exp", exp, _run_exp, arity=1, kind=ELEMENTWISE, chunk=_chunk_exp, flops=8,
       vjp=lambda g, out: g * out)
 
 
@@ -152,7 +175,11 @@ def _run_log(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _log, lo, hi)
 
 
-defop(LOG, "log", log, _run_log, arity=1, kind=ELEMENTWISE, fuse=True, flops=8,
+def _chunk_log(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _log, hi)
+
+
+defop(LOG, "log", log, _run_log, arity=1, kind=ELEMENTWISE, chunk=_chunk_log, flops=8,
       vjp=lambda g, x: g / x)
 
 
@@ -171,7 +198,11 @@ def _run_abs(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _abs, lo, hi)
 
 
-defop(ABS, "abs", abs, _run_abs, arity=1, kind=ELEMENTWISE, fuse=True,
+def _chunk_abs(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _abs, hi)
+
+
+defop(ABS, "abs", abs, _run_abs, arity=1, kind=ELEMENTWISE, chunk=_chunk_abs,
       vjp=lambda g, x: g * op.sign(x))
 
 
@@ -190,7 +221,11 @@ def _run_relu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _relu, lo, hi)
 
 
-defop(RELU, "relu", relu, _run_relu, arity=1, kind=ELEMENTWISE, fuse=True,
+def _chunk_relu(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _relu, hi)
+
+
+defop(RELU, "relu", relu, _run_relu, arity=1, kind=ELEMENTWISE, chunk=_chunk_relu,
       vjp=lambda g, out: op.relu_d(g, out))          # g * [out > 0]: reads the output, so x can die
 
 
@@ -210,7 +245,11 @@ def _run_gelu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu, lo, hi)
 
 
-defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, fuse=True, flops=16,
+def _chunk_gelu(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _gelu, hi)
+
+
+defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, chunk=_chunk_gelu, flops=16,
       vjp=lambda g, x: g * op.gelu_d(x))
 
 
@@ -229,7 +268,11 @@ def _run_silu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu, lo, hi)
 
 
-defop(SILU, "silu", silu, _run_silu, arity=1, kind=ELEMENTWISE, fuse=True, flops=10,
+def _chunk_silu(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _silu, hi)
+
+
+defop(SILU, "silu", silu, _run_silu, arity=1, kind=ELEMENTWISE, chunk=_chunk_silu, flops=10,
       vjp=lambda g, x: g * op.silu_d(x))
 
 
@@ -248,7 +291,11 @@ def _run_tanh(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _tanh, lo, hi)
 
 
-defop(TANH, "tanh", tanh, _run_tanh, arity=1, kind=ELEMENTWISE, fuse=True, flops=10,
+def _chunk_tanh(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _tanh, hi)
+
+
+defop(TANH, "tanh", tanh, _run_tanh, arity=1, kind=ELEMENTWISE, chunk=_chunk_tanh, flops=10,
       vjp=lambda g, out: g * (1.0 - op.sqr(out)))
 
 
@@ -267,7 +314,11 @@ def _run_sigmoid(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sigmoid, lo, hi)
 
 
-defop(SIGMOID, "sigmoid", sigmoid, _run_sigmoid, arity=1, kind=ELEMENTWISE, fuse=True, flops=10,
+def _chunk_sigmoid(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _sigmoid, hi)
+
+
+defop(SIGMOID, "sigmoid", sigmoid, _run_sigmoid, arity=1, kind=ELEMENTWISE, chunk=_chunk_sigmoid, flops=10,
       vjp=lambda g, out: g * (out * (1.0 - out)))
 
 
@@ -286,7 +337,11 @@ def _run_copy(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _copy, lo, hi)
 
 
-defop(COPY, "copy", copy, _run_copy, arity=1, kind=ELEMENTWISE, fuse=True,
+def _chunk_copy(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _copy, hi)
+
+
+defop(COPY, "copy", copy, _run_copy, arity=1, kind=ELEMENTWISE, chunk=_chunk_copy,
       vjp=lambda g: g)
 
 
@@ -305,7 +360,11 @@ def _run_step(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _step, lo, hi)
 
 
-defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, fuse=True, public=False)
+def _chunk_step(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _step, hi)
+
+
+defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, chunk=_chunk_step, public=False)
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
@@ -316,11 +375,6 @@ def times(v, n, f, lo, hi):
     the dtype first, as that node's output was)."""
     p0 = v.fp[n, 0]
     p1 = v.fp[n, 1]
-    if lo == CHUNK:                   # a group's chunk (see unary)
-        y, g, x = chunk_operand(v, 0, hi), chunk_operand(v, 1, hi), chunk_operand(v, 2, hi)
-        for i in range(hi):
-            y[i] = g[i] * f(x[i], p0, p1)
-        return OK
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
     y = out[lo:hi]                    # slices from 0 and in-place cases apart: see unary
@@ -338,6 +392,17 @@ def times(v, n, f, lo, hi):
     return OK
 
 
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see unary)
+def times_chunk(v, n, f, m):
+    """A group's chunk of ``times`` (see unary_chunk)."""
+    y, g, x = chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m)
+    p0 = v.fp[n, 0]
+    p1 = v.fp[n, 1]
+    for i in range(m):
+        y[i] = g[i] * f(x[i], p0, p1)
+    return OK
+
+
 def relu_d(g: Tensor, out: Tensor) -> Tensor:
     """g * step(out): relu's gradient from its output in one node (one compile and one
     pass where mul and step took two of each)."""
@@ -349,7 +414,12 @@ def _run_relu_d(n, lo, hi, ctx, mem, store):
     return times(run_view(ctx, mem, store), n, _step, lo, hi)
 
 
-defop(RELU_D, "relu_d", relu_d, _run_relu_d, arity=2, kind=ELEMENTWISE, fuse=True, public=False, sources=("g", "y"),
+def _chunk_relu_d(n, lo, hi, ctx, mem, store):
+    return times_chunk(run_view(ctx, mem, store), n, _step, hi)
+
+
+defop(RELU_D, "relu_d", relu_d, _run_relu_d, arity=2, kind=ELEMENTWISE, chunk=_chunk_relu_d, public=False,
+      sources=("g", "y"),
       vjp=lambda h, y: (op.relu_d(h, y), None))          # linear in g; step's own derivative is 0
 
 
@@ -367,7 +437,11 @@ def _run_sign(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _sign, lo, hi)
 
 
-defop(SIGN, "sign", sign, _run_sign, ZERO_GRAD, arity=1, kind=ELEMENTWISE, fuse=True, public=False)
+def _chunk_sign(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _sign, hi)
+
+
+defop(SIGN, "sign", sign, _run_sign, ZERO_GRAD, arity=1, kind=ELEMENTWISE, chunk=_chunk_sign, public=False)
 
 
 def gelu_d(t: Tensor) -> Tensor:
@@ -386,7 +460,11 @@ def _run_gelu_d(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu_d, lo, hi)
 
 
-defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, arity=1, kind=ELEMENTWISE, fuse=True, flops=16, public=False,
+def _chunk_gelu_d(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _gelu_d, hi)
+
+
+defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, arity=1, kind=ELEMENTWISE, chunk=_chunk_gelu_d, flops=16, public=False,
       vjp=lambda g, x: g * op.gelu_dd(x))
 
 
@@ -405,7 +483,12 @@ def _run_gelu_dd(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _gelu_dd, lo, hi)
 
 
-defop(GELU_DD, "gelu_dd", gelu_dd, _run_gelu_dd, arity=1, kind=ELEMENTWISE, fuse=True, flops=16, public=False)
+def _chunk_gelu_dd(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _gelu_dd, hi)
+
+
+defop(GELU_DD, "gelu_dd", gelu_dd, _run_gelu_dd, arity=1, kind=ELEMENTWISE, chunk=_chunk_gelu_dd, flops=16,
+      public=False)
 
 
 def silu_d(t: Tensor) -> Tensor:
@@ -424,7 +507,11 @@ def _run_silu_d(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu_d, lo, hi)
 
 
-defop(SILU_D, "silu_d", silu_d, _run_silu_d, arity=1, kind=ELEMENTWISE, fuse=True, flops=12, public=False,
+def _chunk_silu_d(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _silu_d, hi)
+
+
+defop(SILU_D, "silu_d", silu_d, _run_silu_d, arity=1, kind=ELEMENTWISE, chunk=_chunk_silu_d, flops=12, public=False,
       vjp=lambda g, x: g * op.silu_dd(x))
 
 
@@ -444,7 +531,12 @@ def _run_silu_dd(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _silu_dd, lo, hi)
 
 
-defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, fuse=True, flops=12, public=False)
+def _chunk_silu_dd(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _silu_dd, hi)
+
+
+defop(SILU_DD, "silu_dd", silu_dd, _run_silu_dd, arity=1, kind=ELEMENTWISE, chunk=_chunk_silu_dd, flops=12,
+      public=False)
 
 
 # ---- leaky_relu -----------------------------------------------------------------------------------
@@ -466,5 +558,9 @@ def _run_leaky_relu(n, lo, hi, ctx, mem, store):
     return unary(run_view(ctx, mem, store), n, _leaky_relu, lo, hi)
 
 
-defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, arity=1, kind=ELEMENTWISE, fuse=True, flops=2,
-      fp=LeakyReluFP, vjp=lambda g, x, slope: g * op.affine(op.step(x), scale=1.0 - slope, shift=slope))
+def _chunk_leaky_relu(n, lo, hi, ctx, mem, store):
+    return unary_chunk(run_view(ctx, mem, store), n, _leaky_relu, hi)
+
+
+defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, arity=1, kind=ELEMENTWISE, chunk=_chunk_leaky_relu,
+      flops=2, fp=LeakyReluFP, vjp=lambda g, x, slope: g * op.affine(op.step(x), scale=1.0 - slope, shift=slope))
