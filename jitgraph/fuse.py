@@ -196,10 +196,7 @@ class Fused(NamedTuple):
     nodes: Nodes           # the node table as the program runs it (op, src, ip: copies)
     code: np.ndarray       # every group's code (ops/group.py)
     root: np.ndarray       # each node's group (its last member), or -1
-
-    @property
-    def n_groups(self) -> int:
-        return int(np.count_nonzero(self.nodes.op[self.order] == GROUP))
+    n_groups: int
 
 
 def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray) -> Fused:
@@ -214,12 +211,12 @@ def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray) -> F
     fused_order, code, root = _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed)
     nodes = Nodes(op, src, G.ndim[:n_nodes], G.shape[:n_nodes], ip, G.fp[:n_nodes], G.flags[:n_nodes],
                   G.origin[:n_nodes], G.rule[:n_nodes])
-    return Fused(fused_order, nodes, code, root)
+    return Fused(fused_order, nodes, code, root, int(np.count_nonzero(op[fused_order] == GROUP)))
 
 
 def unfused(G: Nodes, n_nodes: int, order: np.ndarray) -> Fused:
     """No groups: the graph's own table (``build_forward(..., fuse=False)``)."""
-    return Fused(order, G, np.zeros(1, np.int64), np.full(n_nodes, -1, np.int64))
+    return Fused(order, G, np.zeros(1, np.int64), np.full(n_nodes, -1, np.int64), 0)
 
 
 def wants_fusion(G: Nodes, order: np.ndarray, fuse: Union[bool, str]) -> bool:
@@ -251,5 +248,4 @@ def fuse_and_plan(G: Nodes, n_nodes: int, orders: list, io: np.ndarray, outputs:
         if best is None or plan[2] < best[2][2]:
             best = (order, f, plan)
     assert best is not None, "no candidate order"
-    order, f, plan = best
-    return order, (f if f.n_groups else unfused(G, n_nodes, order)), plan
+    return best

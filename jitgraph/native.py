@@ -142,9 +142,8 @@ RUN_GEMM_ILP64 = 13        # 1 if that gemm takes 64-bit integers
 RUN_TILES = 14             # most tiles a product is cut into: the thread pool's size
 RUN_CHUNKS, RUN_N_CHUNKS = 15, 16       # the chunk runner table (a group runs its members' chunks)
 RUN_GROUPS, RUN_N_GROUPS = 17, 18       # the program's group code (fuse.py)
-RUN_CHUNK = 19             # 3 addresses: a chunk's output and operands (CHUNK calls)
+RUN_CHUNK = 19             # 3 addresses: a chunk's output and operands (chunk runners)
 RUN_CTX = RUN_CHUNK + 3
-CHUNK = -2                 # ``lo`` of a call that computes one chunk of a group
 
 
 class RunView(NamedTuple):

@@ -142,14 +142,11 @@ class Program:
         arena = self.run_order[(self.loc[self.run_order] == LOC_ARENA) & ~self._is_view()]
         return int(nodes.shape[arena].prod(axis=1).sum()) * self.itemsize
 
-    def _run_table(self):
-        return self._fused.nodes if self._fused.n_groups else self.graph.nodes.arrays()
-
     @property
     def run_table(self) -> Any:
         """The node table (ir.Nodes) runs read, with ``run_order``: the program's own copy
         when it has groups (a group is a GROUP node in its last member's row), else the graph's."""
-        return self._run_table()
+        return self._fused.nodes if self._fused.n_groups else self.graph.nodes.arrays()
 
     def groups(self) -> Dict[int, List[int]]:
         """{group node: its member nodes in order} (the group node is its last member)."""
@@ -246,12 +243,12 @@ class Program:
         enter_run()
         with self._blas_held(natives):
             if debug:
-                status, node, detail = run_nodes_debug(self._run_table(), self.run_order, self.loc, self.off, mem,
+                status, node, detail = run_nodes_debug(self.run_table, self.run_order, self.loc, self.off, mem,
                                                        g.store, salt, runners, natives, split, blocks,
                                                        self._fused.code, chunks, self.arena_elems, self._free_at,
                                                        self._free_off, self._free_size)
             else:
-                status, node, detail = run_nodes(self._run_table(), self.run_order, self.loc, self.off, mem, g.store,
+                status, node, detail = run_nodes(self.run_table, self.run_order, self.loc, self.off, mem, g.store,
                                                  salt, runners, natives, split, blocks, self._fused.code, chunks)
         if status:
             raise self._run_error(int(status), int(node), int(detail), mem)
@@ -271,7 +268,7 @@ class Program:
         tables = self._tables
         if tables is None:
             g = self.graph
-            G = self._run_table()
+            G = self.run_table
             natives = compiler.natives(g.dtype)
             if g.dtype.name not in _interpreter_ready:
                 run_nodes(G, self.run_order[:0], self.loc, self.off, mem, g.store, salt,
@@ -291,7 +288,7 @@ class Program:
         self._bind(feeds, self.mem)
         g = self.graph
         nodes = g.nodes
-        G = self._run_table()
+        G = self.run_table
         salt = _salt(seed)
         split = table("split")
         runners, natives, blocks, chunks = self._kernels(self.mem, salt, split)

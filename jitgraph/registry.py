@@ -11,7 +11,7 @@ each of its ops with one :func:`defop` call, right below the op's three parts:
   :data:`ZERO_GRAD` for a piecewise-constant op, :data:`NO_GRAD` for none.
 
 ``chunk=`` is an elementwise op's *chunk runner*: the same element function over a
-group's chunk (its family's convention, native.py's CHUNK), compiled only for programs
+group's chunk (its family's convention, native.py's RUN_CHUNK), compiled only for programs
 that fuse the op; with one, the fusion pass (fuse.py) may put the op in a group.
 
 Opcodes are explicit and **stable**: a code is never reused or renumbered (a test

@@ -19,7 +19,7 @@ import numpy as np
 from numba import carray, njit
 
 from ..ir import MAX_SRC
-from ..native import (CHUNK, RUN_CHUNK, RUN_CTX, RUN_GROUPS, RUN_N_GROUPS, RUN_CHUNKS, RUN_N_CHUNKS, address_of,
+from ..native import (RUN_CHUNK, RUN_CTX, RUN_GROUPS, RUN_N_GROUPS, RUN_CHUNKS, RUN_N_CHUNKS, address_of,
                       call_runner, data_pointer, operand, output, pointer, run_view, span)
 from ..registry import ELEMENTWISE, GROUP, defop
 from ..status import OK
@@ -104,7 +104,7 @@ def _run_group(n, lo, hi, ctx, mem, store):
                 else:
                     i = ref - EXTERNAL
                     local[RUN_CHUNK + 1 + q] = address_of(scratch[i * CHUNK_ELEMS:i * CHUNK_ELEMS + m])
-            status = call_runner(chunks[code[w]], code[w + 1], CHUNK, m, local_p, mem, store)
+            status = call_runner(chunks[code[w]], code[w + 1], 0, m, local_p, mem, store)     # elements [0, m)
             if status != OK:
                 return status
     return OK
