@@ -1,32 +1,29 @@
 """Fusion side by side (issue [2/6]): jitgraph with groups and without, beside PyTorch
 eager and torch.compile, same float32 weights, at 1 and 2 threads, in one run.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m perf.fusion [--rounds 7] [--calls 5] [--quick]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m perf.fusion [--rounds 7] [--quick]
 
 Workloads: the char GPT of the issue (4 layers, d 128, T 64, batch 16, ``jg.attention``,
-integer targets: perf/chargpt.py) and ResNet (h) (perf/resnet.py), fwd+bwd.  Contenders
-run in alternating rounds (each round: ``calls`` calls of each, the median kept), so a
-slow spell of the machine falls on all; a ratio is the median over rounds of
-jitgraph's time over the other's.  Also: the non-GEMM share of jitgraph's profile
+integer targets: perf/chargpt.py) and ResNet (h) (perf/resnet.py), fwd+bwd.  Timed as
+``jitgraph bench`` times (harness.timed: contenders take turns in every round, so a slow
+spell of the machine falls on all; a ratio is the median over rounds of jitgraph's time
+over the other's), every contender on the same threads (harness.threads).  Also: the non-GEMM share of jitgraph's profile
 (everything but matmul and conv2d) and the planned peaks (no checkpoints, sqrt), fused
 and unfused.  torch.compile needs a C++ compiler; it is skipped (and said so) without.
 """
 import argparse
 import json
 import os
-import shutil
-import statistics
 import sys
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import jitgraph as jg  # noqa: E402
 from perf import chargpt, resnet  # noqa: E402
 from perf.environment import cpu_model  # noqa: E402
+from perf.harness import Ctx, add_torch_compile, threads, timed  # noqa: E402
 
 PRODUCTS = ("matmul", "conv2d", "conv2d_weight")
 
@@ -73,21 +70,7 @@ def non_gemm_share(bwd, feeds):
     return 1.0 - sum(r["share"] for r in rows if r["op"] in PRODUCTS), rows
 
 
-def timed_rounds(fns, rounds, calls):
-    """{name: [median seconds of each round]}, the contenders alternating."""
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            one = []
-            for _ in range(calls):
-                t = time.perf_counter()
-                fn()
-                one.append(time.perf_counter() - t)
-            times[name].append(statistics.median(one))
-    return times
-
-
-def workload(make, quick, rounds, calls, torch):
+def workload(make, quick, rounds, torch):
     title, programs, torch_run, rebuild = make(quick)
     out = {"title": title, "by_threads": [], "peaks": {}}
     for name, (bwd, _) in programs.items():
@@ -98,37 +81,26 @@ def workload(make, quick, rounds, calls, torch):
     unfused, ufeeds = programs["unfused"]
     a, b = fused.run(feeds), unfused.run(ufeeds)
     out["bits_equal"] = bool(np.asarray(a).tobytes() == np.asarray(b).tobytes())
-    compiled, why = None, None
+    ctx = Ctx(quick=quick, repeats=rounds, min_sample_s=0.005 if quick else 0.2, threads=os.cpu_count(),
+              torch=torch, note=lambda _: None, torch_compile=True)
+    fns = {"jitgraph": lambda: fused.run(feeds), "unfused": lambda: unfused.run(ufeeds)}
+    out["torch_compile"] = "not run: torch is not installed"
     if torch is not None:
         eager_fn, targs = torch_run(torch)
-        if shutil.which("g++") or shutil.which("c++"):
-            compile_fn, cargs = torch_run(torch)
-            compiled = (torch.compile(compile_fn), cargs)
-        else:
-            why = "no C++ compiler (torch.compile needs one)"
+        fns["torch eager"] = lambda: eager_fn(*targs)
+        step, args = torch_run(torch)     # its own copy of the weights
+        out["torch_compile"] = add_torch_compile(ctx, fns, step, *args)
     for n in (1, 2):
         if n > os.cpu_count():
             continue
-        jg.set_num_threads(n)
-        fns = {"jitgraph": lambda: fused.run(feeds), "unfused": lambda: unfused.run(ufeeds)}
-        if torch is not None:
-            torch.set_num_threads(n)
-            fns["torch eager"] = lambda: eager_fn(*targs)
-            if compiled is not None:
-                for _ in range(3):                                 # compiles (forward and backward) here
-                    compiled[0](*compiled[1])
-                fns["torch.compile"] = lambda: compiled[0](*compiled[1])
-        for fn in fns.values():
-            fn()
-        t = timed_rounds(fns, rounds, calls)
-        ratios = {f"jitgraph/{k}": statistics.median(x / y for x, y in zip(t["jitgraph"], t[k]))
-                  for k in t if k != "jitgraph"}
-        share_f, rows = non_gemm_share(fused, feeds)
-        share_u, _ = non_gemm_share(unfused, ufeeds)
-        out["by_threads"].append({"threads": n, "median_s": {k: statistics.median(v) for k, v in t.items()},
-                                  "ratios": ratios, "non_gemm_share": {"fused": share_f, "unfused": share_u},
-                                  "profile": rows[:12]})
-    out["torch_compile"] = "ran" if compiled is not None else (why or "torch not installed")
+        with threads(ctx, n):             # every contender, and the BLAS pools, on n threads
+            t = timed(ctx, fns)
+            share_f, rows = non_gemm_share(fused, feeds)
+            share_u, _ = non_gemm_share(unfused, ufeeds)
+        out["by_threads"].append({"threads": n,
+                                  "median_s": {k: c["median_s"] for k, c in t["contenders"].items()},
+                                  "ratios": {k: r["median"] for k, r in t["ratios"].items()},
+                                  "non_gemm_share": {"fused": share_f, "unfused": share_u}, "profile": rows[:12]})
     return out
 
 
@@ -163,7 +135,6 @@ def markdown(results, cpu):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
     ap.add_argument("--only", choices=("gpt", "resnet"), default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -173,7 +144,7 @@ def main(argv=None):
     except ImportError:
         torch = None
     makes = [m for k, m in (("gpt", gpt), ("resnet", res)) if args.only in (None, k)]
-    results = [workload(m, args.quick, args.rounds, args.calls, torch) for m in makes]
+    results = [workload(m, args.quick, args.rounds, torch) for m in makes]
     print(markdown(results, cpu_model()))
     if args.json:
         with open(args.json, "w") as f:
