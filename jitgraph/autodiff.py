@@ -16,7 +16,7 @@ __all__ = ["build_backward", "grad", "pareto"]
 def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
                    memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
                    zero_table: bool = True, slots: Optional[int] = None,
-                   fuse: Union[bool, str] = "auto") -> BackwardGraph:
+                   fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto") -> BackwardGraph:
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -41,7 +41,16 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     and every contribution is added (the graph the zero table avoids).  ``fuse``: group
     connected elementwise nodes (fuse.py) -- ``"auto"`` where it pays (a big fusable node or
     many of them), ``True`` always, ``False`` never (every node alone); the bits are the same.
+    ``remat`` (rematerialize): a cheap forward value the backward pass reads (an elementwise
+    op's, a padding's, a norm's) is recomputed where it is read instead of saved when what it
+    is made from is saved anyway -- fewer saved bytes, never more alive, a memory-bound pass
+    each (torch.compile's partitioner makes the same trade) -- ``"auto"`` for tensors of 64k
+    elements or more, ``True`` for all, ``False`` never (every value the backward pass reads
+    is saved).  With every strategy above but revolve and memory_budget (they choose what
+    they keep themselves); the bits are the same.
     """
+    if remat is not True and remat is not False and remat != "auto":
+        raise GraphError(f"build_backward: remat must be True, False or 'auto', got {remat!r}")
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph
     with g.transaction(flags=True):        # a plan that cannot be made leaves no gradient nodes behind
@@ -49,8 +58,8 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
         first = g.nodes.n
         params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
         end = g.nodes.n
-        sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place, fuse), checkpoints, memory_budget,
-                            policy, slots)
+        sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place, fuse, remat), checkpoints,
+                            memory_budget, policy, slots)
         if sched is not None:
             apply(g, fwd, first, end, sched)
         return BackwardGraph(fwd, params, grad_nodes, in_place=in_place, fuse=fuse)

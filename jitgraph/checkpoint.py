@@ -17,7 +17,7 @@ import numpy as np
 
 from . import registry
 from .budget import budget_dp
-from .cost import analyze_forward, compute_bound, total_flops
+from .cost import REMAT_MIN_ELEMENTS, analyze_forward, compute_bound, not_worth_saving, remake_table, total_flops
 from .errors import GraphError
 from .fuse import fuse_and_plan
 from .graph import Tensor
@@ -117,8 +117,9 @@ MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow
 class Planner:
     """Everything the strategies need about one forward graph and its plain backward."""
 
-    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse="auto"):
+    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse="auto", remat=False):
         self.graph, self.fwd, self.first, self.end = graph, fwd, first, end
+        self.remat = remat
         self.order = fwd.order
         self.loss = fwd.outputs[0].id
         self.itemsize = graph.dtype.itemsize
@@ -164,6 +165,25 @@ class Planner:
 
     def keep_all(self):
         return self.keep(recompute_ids=[])
+
+    def without_cheap(self, keep):
+        """``keep`` less the cheap tensors not worth saving (cost.not_worth_saving) when the
+        planner rematerializes (remat True: all of them, "auto": big ones) and that lowers the
+        planned peak; the loss and batch statistics stay."""
+        nodes = self.graph.nodes
+        if self.remat is False or (self.remat == "auto" and not np.any(self.saved[self.order].astype(bool) &
+                                                                       (self.size >= REMAT_MIN_ELEMENTS))):
+            return keep                       # nothing big enough is saved: not even the pass is compiled
+        drop = not_worth_saving(nodes.arrays(), self.end, self.order, self.saved, keep, remake_table(),
+                                registry.table("kind"), K_VIEW, 0 if self.remat is True else REMAT_MIN_ELEMENTS)
+        drop[self.loss] = 0
+        drop[statistics_nodes(nodes, self.order)] = 0
+        lean = keep & (1 - drop)
+        if np.array_equal(lean, keep):
+            return keep
+        # a remade value can outlive a source's last backward read: take it only when the exact peak falls
+        trial = self.trial
+        return lean if trial.measure(lean)["peak_bytes"] < trial.measure(keep)["peak_bytes"] else keep
 
     def compute_bound(self):
         return self.order[compute_bound(self.graph.nodes.op[self.order])]
@@ -457,15 +477,16 @@ def choose_plan(planner, checkpoints, memory_budget, policy, slots=None):
             recompute = order                 # everything but what the policy saves
     if checkpoints is None and policy is None:
         seg = (nodes.flags[order] & F_SEGMENT) != 0
-        if not seg.any():
-            return None
         recompute = order[seg & ((nodes.flags[order] & F_CHECKPOINT) == 0)]
-        return planner.schedule(planner.keep(recompute_ids=recompute))
+        keep = planner.without_cheap(planner.keep(recompute_ids=recompute))
+        if not seg.any() and keep[order].all():
+            return None                       # nothing to recompute: no rewrite
+        return planner.schedule(keep)
     for n in kept:
         nodes.flags[n] |= F_CHECKPOINT
     if recompute is not None:
-        return planner.schedule(planner.keep(kept_ids=kept, recompute_ids=recompute))
-    return planner.schedule(planner.keep(kept_ids=kept))
+        return planner.schedule(planner.without_cheap(planner.keep(kept_ids=kept, recompute_ids=recompute)))
+    return planner.schedule(planner.without_cheap(planner.keep(kept_ids=kept)))
 
 
 def _slots(planner, slots):

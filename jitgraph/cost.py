@@ -14,6 +14,11 @@ from .registry import DOT, DOT_K
 
 
 @njit(cache=True)
+def _numel(G, n):
+    return G.shape[n, 0] * G.shape[n, 1] * G.shape[n, 2] * G.shape[n, 3]
+
+
+@njit(cache=True)
 def node_flops(G, n, flops):
     """Recompute-cost estimate of node n (``flops``: registry.table("flops"))."""
     out = G.shape[n, 0] * G.shape[n, 1] * G.shape[n, 2] * G.shape[n, 3]
@@ -87,3 +92,66 @@ def analyze_forward(G, n_nodes, order, first_backward, end_backward, flops_table
             size[t] = G.shape[n, 0] * G.shape[n, 1] * G.shape[n, 2] * G.shape[n, 3]
             flops[t] = node_flops(G, n, flops_table)
     return saved, cut, size, flops
+
+
+MAX_REMAT_DEPTH = 3       # a value not worth saving is remade through at most this many unsaved ones
+REMAT_MIN_ELEMENTS = 1 << 16   # remat="auto": only tensors this big (256 KiB of float32) are worth it;
+                               # smaller savings would only add nodes to the backward graph
+REMAKE_FLOPS = 16         # a row kernel that maps rows to rows at most this dear per element (a layer
+                          # norm, a softmax) costs what gelu does: measured, ns per element alike
+COPY, MAP = 1, 2          # remake_table: memory-bound (any shape); a cheap row kernel (same size as source 0)
+
+
+def remake_table() -> np.ndarray:
+    """Per opcode: COPY for the memory-bound cost class, MAP for the compute-bound ops that are
+    no contraction and cost at most REMAKE_FLOPS per element (cheap when they map source 0's
+    elements one to one: not_worth_saving checks the sizes), else 0."""
+    memory, compute, flops = registry.table("memory"), registry.table("compute"), registry.table("flops")
+    return np.where(memory == 1, COPY, np.where((compute == 1) & (flops != DOT) & (flops <= REMAKE_FLOPS), MAP, 0))
+
+
+@njit(cache=True)
+def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, min_elements):
+    """Mask of the forward nodes a plan keeping ``keep`` should recompute instead: cheap
+    (``remake``: an elementwise op, a copy, a padding, a norm), read by the backward pass, and remade from what
+    the backward pass keeps anyway (leaves, kept tensors it reads) through at most
+    MAX_REMAT_DEPTH memory-bound steps -- recomputed where the backward pass reads it, such a
+    node's bytes leave the saved set and nothing new stays alive, for a few memory-bound
+    passes (torch.compile's partitioner makes the same trade).  A view follows its source.
+    Only a saved tensor of ``min_elements`` or more is dropped (the unsaved ones a remake goes
+    through are dropped whatever their size).  ``saved``: analyze_forward's."""
+    live = np.zeros(n_nodes, np.uint8)          # kept and read by backward, views followed to their buffers
+    for t in range(order.size - 1, -1, -1):
+        n = order[t]
+        if keep[n] and (saved[n] or live[n]):
+            live[n] = 1
+            if kinds[G.op[n]] == view_kind and G.src[n, 0] >= 0:
+                live[G.src[n, 0]] = 1
+    depth = np.full(n_nodes, -1, np.int64)      # memory-bound steps to remake it from live tensors; -1: never
+    drop = np.zeros(n_nodes, np.uint8)
+    for t in range(order.size):
+        n = order[t]
+        if G.flags[n] & F_LEAF:
+            continue
+        view = kinds[G.op[n]] == view_kind
+        cheap = remake[G.op[n]] == COPY or (remake[G.op[n]] == MAP and G.src[n, 0] >= 0 and
+                                             _numel(G, n) == _numel(G, G.src[n, 0]))
+        if not (view or cheap):
+            continue
+        d = 0
+        for k in range(MAX_SRC):
+            s = G.src[n, k]
+            if s < 0:
+                break
+            if (G.flags[s] & F_LEAF) or (live[s] and not drop[s]):
+                continue
+            if depth[s] < 0:
+                d = -1
+                break
+            d = max(d, depth[s])
+        if d < 0:
+            continue
+        depth[n] = d if view else d + 1
+        if depth[n] <= MAX_REMAT_DEPTH and (not live[n] or _numel(G, n) >= min_elements):
+            drop[n] = 1                      # unsaved ones too: a remake must not read the forward copy
+    return drop

@@ -225,13 +225,15 @@ _tables: dict = {}
 
 def table(field: str) -> np.ndarray:
     """A per-opcode int64 array for jitted code: 'kind' (index into KINDS), 'compute'
-    (1 for the compute-bound cost class), 'flops', 'arity' (-9 where no op has the code),
+    (1 for the compute-bound cost class), 'memory' (1 for the memory-bound one), 'flops',
+    'arity' (-9 where no op has the code),
     'split' (index into SPLITS), 'fuse' (1 where the op fuses)."""
     got = _tables.get(field)
     if got is None:
         got = np.full(n_codes(), -9 if field == "arity" else 0, np.int64)
         for op in OPS.values():
             got[op.code] = {"kind": KINDS.index(op.kind), "compute": int(op.cost == COMPUTE),
+                            "memory": int(op.cost == MEMORY),
                             "flops": op.flops, "arity": op.arity, "split": SPLITS.index(op.split),
                             "fuse": int(op.fuse)}[field]
         got.setflags(write=False)
