@@ -18,6 +18,8 @@ import sys
 
 import numpy as np
 
+import jitgraph as jg
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
@@ -26,6 +28,9 @@ from perf.environment import cpu_model  # noqa: E402
 from perf.harness import Ctx, add_torch_compile, threads, timed  # noqa: E402
 
 PRODUCTS = ("matmul", "conv2d", "conv2d_weight")
+VARIANTS = {"fused": dict(fuse=True),                       # what build_backward does by default (remat="auto")
+            "saving all": dict(fuse=True, remat=False),      # fused, every value backward reads saved
+            "unfused": dict(fuse=False, remat=False)}        # every node alone, everything saved: before [2/6]
 
 
 def gpt(quick):
@@ -35,8 +40,8 @@ def gpt(quick):
     codes = np.array([chars.index(c) for c in text], np.int64)
     idx, tgt = chargpt.windows(codes, cfg, cfg.batch, np.random.default_rng(0))
     programs = {}
-    for name, fuse in (("fused", True), ("unfused", False)):
-        bwd, i_in, t_in, _ = chargpt.jg_chargpt(w, cfg, fuse=fuse)
+    for name, kw in VARIANTS.items():
+        bwd, i_in, t_in, _ = chargpt.jg_chargpt(w, cfg, **kw)
         programs[name] = (bwd, {i_in: idx, t_in: tgt})
 
     def torch_run(torch):
@@ -54,8 +59,8 @@ def res(quick):
     images = rng.standard_normal((cfg.batch, 3, cfg.size, cfg.size)).astype(np.float32)
     labels = rng.integers(0, 10, cfg.batch)
     programs = {}
-    for name, fuse in (("fused", True), ("unfused", False)):
-        bwd, x, lab, _, _ = resnet.jg_resnet(weights, stats, cfg, fuse=fuse)
+    for name, kw in VARIANTS.items():
+        bwd, x, lab, _, _ = resnet.jg_resnet(weights, stats, cfg, **kw)
         programs[name] = (bwd, {x: images, lab: labels})
 
     def torch_run(torch):
@@ -63,6 +68,12 @@ def res(quick):
         return run, (torch.from_numpy(images), torch.from_numpy(labels))
     title = f"(h) ResNet-{6 * cfg.n + 2}: batch {cfg.batch}, {cfg.size}x{cfg.size}, float32"
     return title, programs, torch_run, lambda **kw: resnet.jg_resnet(weights, stats, cfg, **kw)[0]
+
+
+def _bits(bwd, feeds):
+    """The loss and every gradient of a run, as bytes."""
+    loss = np.asarray(bwd.run(feeds)).tobytes()
+    return [loss] + [bwd.grad(jg.Tensor(bwd.graph, p)).tobytes() for p in bwd.params]
 
 
 def non_gemm_share(bwd, feeds):
@@ -74,16 +85,18 @@ def workload(make, quick, rounds, torch):
     title, programs, torch_run, rebuild = make(quick)
     out = {"title": title, "by_threads": [], "peaks": {}}
     for name, (bwd, _) in programs.items():
-        sqrt = rebuild(checkpoints="sqrt", fuse=name == "fused")
+        sqrt = rebuild(checkpoints="sqrt", **VARIANTS[name])
         out["peaks"][name] = {"none": bwd.peak_bytes, "sqrt": sqrt.peak_bytes, "groups": bwd.stats()["n_groups"],
+                              "recomputed": bwd.stats()["n_recomputed"],
                               "fused nodes": bwd.stats()["n_fused"], "nodes": bwd.stats()["n_nodes"]}
     fused, feeds = programs["fused"]
     unfused, ufeeds = programs["unfused"]
-    a, b = fused.run(feeds), unfused.run(ufeeds)
-    out["bits_equal"] = bool(np.asarray(a).tobytes() == np.asarray(b).tobytes())
+    saving, sfeeds = programs["saving all"]
+    out["bits_equal"] = all(_bits(p, f) == _bits(unfused, ufeeds) for p, f in ((fused, feeds), (saving, sfeeds)))
     ctx = Ctx(quick=quick, repeats=rounds, min_sample_s=0.005 if quick else 0.2, threads=os.cpu_count(),
               torch=torch, note=lambda _: None, torch_compile=True)
-    fns = {"jitgraph": lambda: fused.run(feeds), "unfused": lambda: unfused.run(ufeeds)}
+    fns = {"jitgraph": lambda: fused.run(feeds), "saving all": lambda: saving.run(sfeeds),
+           "unfused": lambda: unfused.run(ufeeds)}
     out["torch_compile"] = "not run: torch is not installed"
     if torch is not None:
         eager_fn, targs = torch_run(torch)
@@ -107,10 +120,11 @@ def workload(make, quick, rounds, torch):
 def markdown(results, cpu):
     lines = [f"CPU: {cpu}", ""]
     for r in results:
-        lines += [f"### {r['title']}", "", f"fused == unfused bit for bit: {r['bits_equal']}; "
+        lines += [f"### {r['title']}", "", f"fused, saving all and unfused give the same bits: {r['bits_equal']}; "
                   f"torch.compile: {r['torch_compile']}", "",
-                  "| threads | jitgraph | unfused | torch eager | torch.compile | jitgraph/unfused | "
-                  "jitgraph/eager | jitgraph/compile | non-GEMM share fused / unfused |", "|---" * 9 + "|"]
+                  "| threads | jitgraph | saving all | unfused | torch eager | torch.compile | jitgraph/saving all | "
+                  "jitgraph/unfused | jitgraph/eager | jitgraph/compile | non-GEMM share fused / unfused |",
+                  "|---" * 11 + "|"]
         for e in r["by_threads"]:
             m, q = e["median_s"], e["ratios"]
 
@@ -119,15 +133,18 @@ def markdown(results, cpu):
 
             def rt(k):
                 return f"{q[k]:.3f}" if k in q else "-"
-            lines.append(f"| {e['threads']} | {ms('jitgraph')} | {ms('unfused')} | {ms('torch eager')} | "
-                         f"{ms('torch.compile')} | {rt('jitgraph/unfused')} | {rt('jitgraph/torch eager')} | "
+            lines.append(f"| {e['threads']} | {ms('jitgraph')} | {ms('saving all')} | {ms('unfused')} | "
+                         f"{ms('torch eager')} | {ms('torch.compile')} | {rt('jitgraph/saving all')} | "
+                         f"{rt('jitgraph/unfused')} | {rt('jitgraph/torch eager')} | "
                          f"{rt('jitgraph/torch.compile')} | {e['non_gemm_share']['fused']:.1%} / "
                          f"{e['non_gemm_share']['unfused']:.1%} |")
-        lines += ["", "| program | planned peak, no checkpoints | sqrt | groups | fused nodes | nodes |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| program | planned peak, no checkpoints | sqrt | groups | fused nodes | recomputed | nodes |",
+                  "|---|---|---|---|---|---|---|"]
+        base = r["peaks"]["unfused"]
         for name, p in r["peaks"].items():
-            lines.append(f"| {name} | {p['none'] / 1e6:.2f} MB | {p['sqrt'] / 1e6:.2f} MB | {p['groups']} | "
-                         f"{p['fused nodes']} | {p['nodes']} |")
+            lines.append(f"| {name} | {p['none'] / 1e6:.2f} MB ({p['none'] / base['none']:.3f}x) | "
+                         f"{p['sqrt'] / 1e6:.2f} MB ({p['sqrt'] / base['sqrt']:.3f}x) | {p['groups']} | "
+                         f"{p['fused nodes']} | {p['recomputed']} | {p['nodes']} |")
         lines.append("")
     return "\n".join(lines)
 
