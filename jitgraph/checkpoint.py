@@ -171,10 +171,14 @@ class Planner:
         planner rematerializes (remat True: all of them, "auto": big ones) and that lowers the
         planned peak; the loss and batch statistics stay."""
         nodes = self.graph.nodes
-        if self.remat is False or (self.remat == "auto" and not np.any(self.saved[self.order].astype(bool) &
-                                                                       (self.size >= REMAT_MIN_ELEMENTS))):
-            return keep                       # nothing big enough is saved: not even the pass is compiled
-        drop = not_worth_saving(nodes.arrays(), self.end, self.order, self.saved, keep, remake_table(),
+        if self.remat is False:
+            return keep
+        remake = remake_table()
+        if self.remat == "auto":              # no cheap op big enough: no analysis, not even the pass compiled
+            big = nodes.shape[self.order].prod(axis=1) >= REMAT_MIN_ELEMENTS
+            if not np.any(big & (remake[nodes.op[self.order]] > 0)):
+                return keep
+        drop = not_worth_saving(nodes.arrays(), self.end, self.order, self.saved, keep, remake,
                                 registry.table("kind"), K_VIEW, 0 if self.remat is True else REMAT_MIN_ELEMENTS)
         drop[self.loss] = 0
         drop[statistics_nodes(nodes, self.order)] = 0

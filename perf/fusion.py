@@ -4,7 +4,10 @@ eager and torch.compile, same float32 weights, at 1 and 2 threads, in one run.
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m perf.fusion [--rounds 7] [--quick]
 
 Workloads: the char GPT of the issue (4 layers, d 128, T 64, batch 16, ``jg.attention``,
-integer targets: perf/chargpt.py) and ResNet (h) (perf/resnet.py), fwd+bwd.  Timed as
+integer targets: perf/chargpt.py), the bench's GPT (g) (perf/gpt.py: softmax attention,
+one-hot targets) and ResNet (h) (perf/resnet.py), fwd+bwd.  Three jitgraph programs:
+fused (the default, rematerializing), fused saving every value backward reads
+(``remat=False``) and unfused saving everything (before [2/6]).  Timed as
 ``jitgraph bench`` times (harness.timed: contenders take turns in every round, so a slow
 spell of the machine falls on all; a ratio is the median over rounds of jitgraph's time
 over the other's), every contender on the same threads (harness.threads).  Also: the non-GEMM share of jitgraph's profile
@@ -23,7 +26,8 @@ import jitgraph as jg
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from perf import chargpt, resnet  # noqa: E402
+from perf import chargpt, models, resnet  # noqa: E402
+from perf import gpt as gpt_g  # noqa: E402
 from perf.environment import cpu_model  # noqa: E402
 from perf.harness import Ctx, add_torch_compile, threads, timed  # noqa: E402
 
@@ -50,6 +54,23 @@ def gpt(quick):
         return run, (ti, tt)
     title = f"char GPT: {cfg.layers} layers, d {cfg.d}, T {cfg.T}, batch {cfg.batch}, jg.attention, float32"
     return title, programs, torch_run, lambda **kw: chargpt.jg_chargpt(w, cfg, **kw)[0]
+
+
+def gpt_bench(quick):
+    """(g): the bench's GPT (6 layers, d 192, T 128, batch 8), attention unfused (mask const, softmax)."""
+    cfg = gpt_g.QUICK if quick else gpt_g.FULL
+    w = models.gpt_weights(cfg)
+    idx, targets, onehot = models.gpt_batch(cfg, np.random.default_rng(1))
+    programs = {}
+    for name, kw in VARIANTS.items():
+        bwd, i_in, t_in, _ = models.jg_gpt(w, cfg, **kw)
+        programs[name] = (bwd, {i_in: idx, t_in: onehot})
+
+    def torch_run(torch):
+        run, _ = models.torch_gpt(torch, w, cfg)
+        return run, (torch.from_numpy(idx), torch.from_numpy(targets))
+    title = f"(g) GPT: {cfg.layers} layers, d {cfg.d}, T {cfg.T}, batch {cfg.batch}, softmax attention, float32"
+    return title, programs, torch_run, lambda **kw: models.jg_gpt(w, cfg, **kw)[0]
 
 
 def res(quick):
@@ -153,14 +174,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
-    ap.add_argument("--only", choices=("gpt", "resnet"), default=None)
+    ap.add_argument("--only", choices=("gpt", "g", "resnet"), default=None,
+                    help="gpt: the char GPT of the issue; g: the bench's GPT (g); resnet: (h)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     try:
         import torch
     except ImportError:
         torch = None
-    makes = [m for k, m in (("gpt", gpt), ("resnet", res)) if args.only in (None, k)]
+    makes = [m for k, m in (("gpt", gpt), ("g", gpt_bench), ("resnet", res)) if args.only in (None, k)]
     results = [workload(m, args.quick, args.rounds, torch) for m in makes]
     print(markdown(results, cpu_model()))
     if args.json:
