@@ -35,6 +35,10 @@ MAX_MEMBERS = 16           # a group's scratch: a chunk per member
 # compile (~2 s of CPU) to its cold start.
 FUSE_MIN_ELEMENTS = 1 << 16
 FUSE_MIN_NODES = 1024
+# and, below FUSE_MIN_NODES, only groups of FUSE_MIN_MEMBERS or more: measured on an AMD EPYC Zen 5
+# (perf/RESULTS.md), a two-member group runs at 1.00-1.04x its members alone (they write in place,
+# the group's traffic saving is small), three or more members at 0.91-0.97x
+FUSE_MIN_MEMBERS = 3
 
 
 @njit(cache=True)
@@ -147,6 +151,18 @@ def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
 
 
 @njit(cache=True)
+def _drop_small(order, head, nxt, count, absorbed, min_members):
+    """Dissolve the groups of fewer than ``min_members``: their members run alone."""
+    for n in order:
+        if absorbed[n] == 0 and 2 <= count[n] < min_members:
+            x = head[n]
+            while x >= 0:
+                y = nxt[x]
+                absorbed[x], count[x], head[x], nxt[x] = 0, 1, x, -1
+                x = y
+
+
+@njit(cache=True)
 def _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed):
     """Rewrite the copies op, src, ip for the groups; returns (order, code, root of each node)."""
     n_nodes = op.size
@@ -199,12 +215,15 @@ class Fused(NamedTuple):
     n_groups: int
 
 
-def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray) -> Fused:
-    """The groups of ``order`` (``keep``: nodes whose values must stay: outputs, io slots)."""
+def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray, min_members: int = 2) -> Fused:
+    """The groups of ``order`` (``keep``: nodes whose values must stay: outputs, io slots) of
+    ``min_members`` or more."""
     keep_mask = np.zeros(n_nodes, np.uint8)
     keep_mask[np.asarray(keep, np.int64)] = 1
     head, nxt, count, ext, n_ext, absorbed = _groups(G.op, G.src, G.shape, G.flags, n_nodes, order, keep_mask,
                                                      table("fuse"), MAX_MEMBERS)
+    if min_members > 2:
+        _drop_small(order, head, nxt, count, absorbed, min_members)
     if not np.any(absorbed):                        # no group: nothing to copy or lay out
         return unfused(G, n_nodes, order)
     op, src, ip = G.op[:n_nodes].copy(), G.src[:n_nodes].copy(), G.ip[:n_nodes].copy()
@@ -219,28 +238,31 @@ def unfused(G: Nodes, n_nodes: int, order: np.ndarray) -> Fused:
     return Fused(order, G, np.zeros(1, np.int64), np.full(n_nodes, -1, np.int64), 0)
 
 
-def wants_fusion(G: Nodes, order: np.ndarray, fuse: Union[bool, str]) -> bool:
-    """``fuse`` (True, False or "auto") for the program ``order``: "auto" fuses when it has
-    FUSE_MIN_NODES fusable nodes or one of FUSE_MIN_ELEMENTS elements."""
+def wants_fusion(G: Nodes, order: np.ndarray, fuse: Union[bool, str]) -> int:
+    """The least members of the groups to form for ``fuse`` (True, False or "auto") in the
+    program ``order``, 0 for none: True forms every group (2), False none; "auto" every
+    group when it has FUSE_MIN_NODES fusable nodes (the interpreter's per-node cost), the
+    groups of FUSE_MIN_MEMBERS when one has FUSE_MIN_ELEMENTS elements, else none."""
     if fuse is True or fuse is False:
-        return fuse
+        return 2 if fuse else 0
     if fuse != "auto":
         raise GraphError(f"fuse must be True, False or 'auto', got {fuse!r}")
     is_fusable = table("fuse")[G.op[order]] != 0
     if np.count_nonzero(is_fusable) >= FUSE_MIN_NODES:
-        return True
-    return bool(np.any(G.shape[order[is_fusable]].prod(axis=1) >= FUSE_MIN_ELEMENTS))
+        return 2
+    return FUSE_MIN_MEMBERS if np.any(G.shape[order[is_fusable]].prod(axis=1) >= FUSE_MIN_ELEMENTS) else 0
 
 
 def fuse_and_plan(G: Nodes, n_nodes: int, orders: list, io: np.ndarray, outputs: np.ndarray, in_place: bool,
                   fuse: Union[bool, str] = "auto") -> tuple:
     """(order, Fused, plan) of the candidate order whose plan, after fusion, peaks lowest
     (the first on ties): what a program runs, and what the checkpoint planners price."""
-    fuse = wants_fusion(G, orders[0], fuse)
+    min_members = wants_fusion(G, orders[0], fuse)
+    fuse = min_members > 0
     kinds, best = table("kind"), None
     keep = np.concatenate([np.asarray(outputs, np.int64), np.asarray(io, np.int64)])
     for order in orders:
-        f = fuse_order(G, n_nodes, order, keep) if fuse else unfused(G, n_nodes, order)
+        f = fuse_order(G, n_nodes, order, keep, min_members) if fuse else unfused(G, n_nodes, order)
         # the candidates hold the same nodes and readers: one without groups is taken for all (it
         # saves the pass over the others, ~0.5 ms on a 60k-node program)
         fuse = fuse and f.n_groups > 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.fuse import FUSE_MIN_ELEMENTS, FUSE_MIN_NODES, MAX_MEMBERS
+from jitgraph.fuse import FUSE_MIN_ELEMENTS, FUSE_MIN_MEMBERS, FUSE_MIN_NODES, MAX_MEMBERS
 from jitgraph.ir import MAX_SRC
 from jitgraph.ops.group import CHUNK_ELEMS
 from jitgraph.registry import BY_NAME, GROUP, OPS
@@ -214,8 +214,9 @@ def test_planners_price_fused_programs():
 
 def test_auto_fuses_where_it_pays():
     """The default, fuse="auto": a program of a few small elementwise nodes runs every node
-    alone (fusing would only add a first compile); one with a big fusable node, or with
-    many small ones, is fused; anything but True, False, "auto" is an error."""
+    alone (fusing would only add a first compile); one with a big fusable node forms its
+    groups of FUSE_MIN_MEMBERS or more, one with many small ones every group; anything but
+    True, False, "auto" is an error."""
     def program(n, layers):
         g = jg.Graph(np.float32)
         x = g.input((n,), name="x")
@@ -228,6 +229,18 @@ def test_auto_fuses_where_it_pays():
     layers = -(-FUSE_MIN_NODES // 3)                                            # 3 fusable nodes a layer
     assert program(16, layers)[2].stats()["n_groups"] >= layers * 3 // MAX_MEMBERS
     assert program(16, layers - 1)[2].stats()["n_groups"] == 0
+    # below FUSE_MIN_NODES, "auto" forms only groups of FUSE_MIN_MEMBERS (two members do not pay)
+    g = jg.Graph(np.float32)
+    x, z = g.input((FUSE_MIN_ELEMENTS,), name="x"), g.input((FUSE_MIN_ELEMENTS,), name="z")
+    chain = jg.exp(x)
+    for k in range(FUSE_MIN_MEMBERS - 2):
+        chain = jg.tanh(chain)
+    for members, y in ((2, jg.exp(x) * z), (FUSE_MIN_MEMBERS, chain * z)):
+        auto, always = jg.build_forward(jg.sum(y)), jg.build_forward(jg.sum(y), fuse=True)
+        assert always.stats()["n_groups"] == 1 and list(map(len, always.groups().values())) == [members]
+        assert auto.stats()["n_groups"] == (members >= FUSE_MIN_MEMBERS)
+        feeds = {x: np.linspace(-1, 1, FUSE_MIN_ELEMENTS, dtype=np.float32), z: np.full(FUSE_MIN_ELEMENTS, 0.5, np.float32)}
+        assert bits(auto.run(feeds)) == bits(always.run(feeds))
     g, x, _ = program(16, 1)
     with pytest.raises(jg.GraphError, match="fuse must be True, False or 'auto', got 'yes'"):
         jg.build_forward(jg.sum(x), fuse="yes")

@@ -155,8 +155,15 @@ def binary_chunk(v, n, f, m):
     addresses, its operands already broadcast.  An op's chunk runner, compiled only for
     programs that fuse it."""
     y, xa, xb = chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m)
-    for j in range(m):
-        y[j] = f(xa[j], xb[j])
+    if same_data(y, xa):                      # a group writing over a dying input: one array (see _run)
+        for j in range(m):
+            y[j] = f(y[j], xb[j])
+    elif same_data(y, xb):
+        for j in range(m):
+            y[j] = f(xa[j], y[j])
+    else:
+        for j in range(m):
+            y[j] = f(xa[j], xb[j])
     return OK
 
 

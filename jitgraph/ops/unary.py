@@ -63,8 +63,12 @@ def unary_chunk(v, n, f, m):
     y, x = chunk_operand(v, 0, m), chunk_operand(v, 1, m)
     p0 = v.fp[n, 0]
     p1 = v.fp[n, 1]
-    for i in range(m):
-        y[i] = f(x[i], p0, p1)
+    if same_data(y, x):               # a group writing over a dying input: one array (see unary)
+        for i in range(m):
+            y[i] = f(y[i], p0, p1)
+    else:
+        for i in range(m):
+            y[i] = f(x[i], p0, p1)
     return OK
 
 
@@ -398,8 +402,15 @@ def times_chunk(v, n, f, m):
     y, g, x = chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m)
     p0 = v.fp[n, 0]
     p1 = v.fp[n, 1]
-    for i in range(m):
-        y[i] = g[i] * f(x[i], p0, p1)
+    if same_data(y, g):               # in place: one array (see times)
+        for i in range(m):
+            y[i] = y[i] * f(x[i], p0, p1)
+    elif same_data(y, x):
+        for i in range(m):
+            y[i] = g[i] * f(y[i], p0, p1)
+    else:
+        for i in range(m):
+            y[i] = g[i] * f(x[i], p0, p1)
     return OK
 
 
