@@ -6,8 +6,8 @@ eager and torch.compile, same float32 weights, at 1 and 2 threads, in one run.
 Workloads: the char GPT of the issue (4 layers, d 128, T 64, batch 16, ``jg.attention``,
 integer targets: perf/chargpt.py), the bench's GPT (g) (perf/gpt.py: softmax attention,
 one-hot targets) and ResNet (h) (perf/resnet.py), fwd+bwd.  Three jitgraph programs:
-fused (the default, rematerializing), fused saving every value backward reads
-(``remat=False``) and unfused saving everything (before [2/6]).  Timed as
+the default (``fuse="auto"``, ``remat="auto"``), every group formed and every value backward
+reads saved (``fuse=True, remat=False``) and unfused saving everything (before [2/6]).  Timed as
 ``jitgraph bench`` times (harness.timed: contenders take turns in every round, so a slow
 spell of the machine falls on all; a ratio is the median over rounds of jitgraph's time
 over the other's), every contender on the same threads (harness.threads).  Also: the non-GEMM share of jitgraph's profile
@@ -32,8 +32,8 @@ from perf.environment import cpu_model  # noqa: E402
 from perf.harness import Ctx, add_torch_compile, threads, timed  # noqa: E402
 
 PRODUCTS = ("matmul", "conv2d", "conv2d_weight")
-VARIANTS = {"fused": dict(fuse=True),                       # what build_backward does by default (remat="auto")
-            "saving all": dict(fuse=True, remat=False),      # fused, every value backward reads saved
+VARIANTS = {"default": dict(),                             # build_backward's defaults: fuse="auto", remat="auto"
+            "fused, saving all": dict(fuse=True, remat=False),   # every group, every value backward reads saved
             "unfused": dict(fuse=False, remat=False)}        # every node alone, everything saved: before [2/6]
 
 
@@ -110,13 +110,13 @@ def workload(make, quick, rounds, torch):
         out["peaks"][name] = {"none": bwd.peak_bytes, "sqrt": sqrt.peak_bytes, "groups": bwd.stats()["n_groups"],
                               "recomputed": bwd.stats()["n_recomputed"],
                               "fused nodes": bwd.stats()["n_fused"], "nodes": bwd.stats()["n_nodes"]}
-    fused, feeds = programs["fused"]
+    fused, feeds = programs["default"]
     unfused, ufeeds = programs["unfused"]
-    saving, sfeeds = programs["saving all"]
+    saving, sfeeds = programs["fused, saving all"]
     out["bits_equal"] = all(_bits(p, f) == _bits(unfused, ufeeds) for p, f in ((fused, feeds), (saving, sfeeds)))
     ctx = Ctx(quick=quick, repeats=rounds, min_sample_s=0.005 if quick else 0.2, threads=os.cpu_count(),
               torch=torch, note=lambda _: None, torch_compile=True)
-    fns = {"jitgraph": lambda: fused.run(feeds), "saving all": lambda: saving.run(sfeeds),
+    fns = {"jitgraph": lambda: fused.run(feeds), "fused, saving all": lambda: saving.run(sfeeds),
            "unfused": lambda: unfused.run(ufeeds)}
     out["torch_compile"] = "not run: torch is not installed"
     if torch is not None:
@@ -141,10 +141,11 @@ def workload(make, quick, rounds, torch):
 def markdown(results, cpu):
     lines = [f"CPU: {cpu}", ""]
     for r in results:
-        lines += [f"### {r['title']}", "", f"fused, saving all and unfused give the same bits: {r['bits_equal']}; "
-                  f"torch.compile: {r['torch_compile']}", "",
-                  "| threads | jitgraph | saving all | unfused | torch eager | torch.compile | jitgraph/saving all | "
-                  "jitgraph/unfused | jitgraph/eager | jitgraph/compile | non-GEMM share fused / unfused |",
+        lines += [f"### {r['title']}", "", f"default, fused saving all and unfused give the same bits: "
+                  f"{r['bits_equal']}; torch.compile: {r['torch_compile']}", "",
+                  "| threads | jitgraph (default) | fused, saving all | unfused | torch eager | torch.compile | "
+                  "jitgraph/fused saving all | jitgraph/unfused | jitgraph/eager | jitgraph/compile | "
+                  "non-GEMM share default / unfused |",
                   "|---" * 11 + "|"]
         for e in r["by_threads"]:
             m, q = e["median_s"], e["ratios"]
@@ -154,8 +155,8 @@ def markdown(results, cpu):
 
             def rt(k):
                 return f"{q[k]:.3f}" if k in q else "-"
-            lines.append(f"| {e['threads']} | {ms('jitgraph')} | {ms('saving all')} | {ms('unfused')} | "
-                         f"{ms('torch eager')} | {ms('torch.compile')} | {rt('jitgraph/saving all')} | "
+            lines.append(f"| {e['threads']} | {ms('jitgraph')} | {ms('fused, saving all')} | {ms('unfused')} | "
+                         f"{ms('torch eager')} | {ms('torch.compile')} | {rt('jitgraph/fused, saving all')} | "
                          f"{rt('jitgraph/unfused')} | {rt('jitgraph/torch eager')} | "
                          f"{rt('jitgraph/torch.compile')} | {e['non_gemm_share']['fused']:.1%} / "
                          f"{e['non_gemm_share']['unfused']:.1%} |")
