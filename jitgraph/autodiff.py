@@ -39,8 +39,8 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
     ``zero_table=False`` is for teaching: every gradient starts at an explicit zero
     and every contribution is added (the graph the zero table avoids).  ``fuse``: group
-    connected elementwise nodes (fuse.py) -- ``"auto"`` where it pays (a big fusable node or
-    many of them), ``True`` always, ``False`` never (every node alone); the bits are the same.
+    connected elementwise nodes (fuse.py) -- ``"auto"`` where it pays (see build_forward),
+    ``True`` every group, ``False`` none (every node alone); the bits are the same.
     ``remat`` (rematerialize): a cheap forward value the backward pass reads (an elementwise
     op's, a padding's, a norm's) is recomputed where it is read instead of saved when what it
     is made from is saved anyway -- fewer saved bytes, never more alive, a memory-bound pass

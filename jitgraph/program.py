@@ -453,9 +453,9 @@ def build_forward(outputs: Union[Tensor, Sequence[Tensor]], in_place: bool = Tru
                   fuse: Union[bool, str] = "auto") -> "ForwardGraph":
     """Topologically order everything ``outputs`` (a Tensor or list) depend on, fuse
     connected elementwise nodes into groups and plan its memory (``in_place=False``: no
-    elementwise op overwrites a source).  ``fuse``: ``"auto"`` groups where it pays (a big
-    fusable node or many of them: fuse.wants_fusion), ``True`` always, ``False`` never; the
-    bits are the same."""
+    elementwise op overwrites a source).  ``fuse``: ``"auto"`` groups where it pays (every
+    group when there are many fusable nodes, groups of 3+ members when one is big:
+    fuse.wants_fusion), ``True`` every group, ``False`` none; the bits are the same."""
     outs, single = _output_list(outputs, "build_forward")
     g = outs[0].graph
     # a first run's kernels (and, with params, gradient rules) start compiling in other processes now
