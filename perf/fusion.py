@@ -37,23 +37,31 @@ VARIANTS = {"default": dict(),                             # build_backward's de
             "unfused": dict(fuse=False, remat=False)}        # every node alone, everything saved: before [2/6]
 
 
+def _programs(build, *values):
+    """{variant: (bwd, feeds)}: ``build(**kw)`` returns (bwd, its inputs ..., more) and ``values``
+    feed those inputs in order."""
+    out = {}
+    for name, kw in VARIANTS.items():
+        bwd, *inputs = build(**kw)
+        out[name] = (bwd, dict(zip(inputs, values)))
+    return out
+
+
 def gpt(quick):
     text, chars = chargpt.corpus()
     cfg, _ = chargpt.config(quick, len(chars))
     w = chargpt.gpt_weights(cfg)
     codes = np.array([chars.index(c) for c in text], np.int64)
     idx, tgt = chargpt.windows(codes, cfg, cfg.batch, np.random.default_rng(0))
-    programs = {}
-    for name, kw in VARIANTS.items():
-        bwd, i_in, t_in, _ = chargpt.jg_chargpt(w, cfg, **kw)
-        programs[name] = (bwd, {i_in: idx, t_in: tgt})
+    build = lambda **kw: chargpt.jg_chargpt(w, cfg, **kw)      # noqa: E731
+    programs = _programs(build, idx, tgt)
 
     def torch_run(torch):
         run, _ = chargpt.torch_chargpt(torch, w, cfg)
         ti, tt = torch.from_numpy(idx), torch.from_numpy(tgt)
         return run, (ti, tt)
     title = f"char GPT: {cfg.layers} layers, d {cfg.d}, T {cfg.T}, batch {cfg.batch}, jg.attention, float32"
-    return title, programs, torch_run, lambda **kw: chargpt.jg_chargpt(w, cfg, **kw)[0]
+    return title, programs, torch_run, lambda **kw: build(**kw)[0]
 
 
 def gpt_bench(quick):
@@ -61,16 +69,14 @@ def gpt_bench(quick):
     cfg = gpt_g.QUICK if quick else gpt_g.FULL
     w = models.gpt_weights(cfg)
     idx, targets, onehot = models.gpt_batch(cfg, np.random.default_rng(1))
-    programs = {}
-    for name, kw in VARIANTS.items():
-        bwd, i_in, t_in, _ = models.jg_gpt(w, cfg, **kw)
-        programs[name] = (bwd, {i_in: idx, t_in: onehot})
+    build = lambda **kw: models.jg_gpt(w, cfg, **kw)           # noqa: E731
+    programs = _programs(build, idx, onehot)
 
     def torch_run(torch):
         run, _ = models.torch_gpt(torch, w, cfg)
         return run, (torch.from_numpy(idx), torch.from_numpy(targets))
     title = f"(g) GPT: {cfg.layers} layers, d {cfg.d}, T {cfg.T}, batch {cfg.batch}, softmax attention, float32"
-    return title, programs, torch_run, lambda **kw: models.jg_gpt(w, cfg, **kw)[0]
+    return title, programs, torch_run, lambda **kw: build(**kw)[0]
 
 
 def res(quick):
@@ -79,16 +85,14 @@ def res(quick):
     rng = np.random.default_rng(0)
     images = rng.standard_normal((cfg.batch, 3, cfg.size, cfg.size)).astype(np.float32)
     labels = rng.integers(0, 10, cfg.batch)
-    programs = {}
-    for name, kw in VARIANTS.items():
-        bwd, x, lab, _, _ = resnet.jg_resnet(weights, stats, cfg, **kw)
-        programs[name] = (bwd, {x: images, lab: labels})
+    build = lambda **kw: resnet.jg_resnet(weights, stats, cfg, **kw)   # noqa: E731
+    programs = _programs(build, images, labels)
 
     def torch_run(torch):
         run, _, _ = resnet.torch_resnet(torch, weights, stats, cfg)
         return run, (torch.from_numpy(images), torch.from_numpy(labels))
     title = f"(h) ResNet-{6 * cfg.n + 2}: batch {cfg.batch}, {cfg.size}x{cfg.size}, float32"
-    return title, programs, torch_run, lambda **kw: resnet.jg_resnet(weights, stats, cfg, **kw)[0]
+    return title, programs, torch_run, lambda **kw: build(**kw)[0]
 
 
 def _bits(bwd, feeds):

@@ -154,17 +154,8 @@ def binary_chunk(v, n, f, m):
     """A group's chunk of node n (ops/group.py): f over the m elements at the chunk's
     addresses, its operands already broadcast.  An op's chunk runner, compiled only for
     programs that fuse it."""
-    y, xa, xb = chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m)
-    if same_data(y, xa):                      # a group writing over a dying input: one array (see _run)
-        for j in range(m):
-            y[j] = f(y[j], xb[j])
-    elif same_data(y, xb):
-        for j in range(m):
-            y[j] = f(xa[j], y[j])
-    else:
-        for j in range(m):
-            y[j] = f(xa[j], xb[j])
-    return OK
+    _run(f, chunk_operand(v, 0, m), 0, chunk_operand(v, 1, m), 0, 1, chunk_operand(v, 2, m), 0, 1, m)
+    return OK                                 # _run: one array when the group writes over a dying input
 
 
 # Rules give a contribution in n's (broadcast) shape; the backward pass sums it down to the
