@@ -46,8 +46,9 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     is made from is saved anyway -- fewer saved bytes, never more alive, a memory-bound pass
     each (torch.compile's partitioner makes the same trade) -- ``"auto"`` for tensors of 64k
     elements or more, ``True`` for all, ``False`` never (every value the backward pass reads
-    is saved).  With every strategy above but revolve and memory_budget (they choose what
-    they keep themselves); the bits are the same.
+    is saved).  With every strategy above but revolve (it chooses what it keeps itself);
+    memory_budget weighs the plain plan with remade values among its candidates.  The bits
+    are the same.
     """
     if remat is not True and remat is not False and remat != "auto":
         raise GraphError(f"build_backward: remat must be True, False or 'auto', got {remat!r}")
@@ -74,20 +75,24 @@ def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
 
 
 def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
-           fuse: Union[bool, str] = "auto") -> List[dict]:
+           fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto") -> List[dict]:
     """The frontier of (planned peak bytes, recompute flops) over memory budgets.
 
     Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops,
     n_recomputed), lowest peak first, each cheaper to recompute than the one
     before: the trade-offs worth having, with the peaks of fused programs (``fuse=False``:
-    of unfused ones).  Works on a scratch copy: ``fwd``'s graph is not changed.
+    of unfused ones); with ``remat`` (build_backward's) the plain plan with remade values is a
+    candidate too (strategy "remat").  Works on a scratch copy: ``fwd``'s graph is not changed.
     """
     if not isinstance(fwd, ForwardGraph) or len(fwd.outputs) != 1 or fwd.outputs[0].shape != ():
         raise GraphError("pareto: expects the ForwardGraph of a scalar loss")
     scratch = fwd.graph.scratch_copy()
     first = scratch.nodes.n
     _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
-    planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse)
+    if remat is not True and remat is not False and remat != "auto":
+        raise GraphError(f"pareto: remat must be True, False or 'auto', got {remat!r}")
+    planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse,
+                      remat)
     return planner.frontier(n_budgets)
 
 

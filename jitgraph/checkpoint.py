@@ -387,6 +387,11 @@ class Planner:
         if none_peak <= budget:
             return self.schedule(keep_all)
         one = self._one_level_for_budget(budget)
+        lean = self.without_cheap(keep_all)           # the plain plan, cheap values remade (remat)
+        if lean is not keep_all:
+            m = self.trial.measure(lean)
+            if m["peak_bytes"] <= budget and (one is None or m["recompute_flops"] <= one[0]["recompute_flops"]):
+                one = (m, lean)
         found = []
         multi = self._revolve_for_budget(budget, None if one is None else one[0]["recompute_flops"], found)
         best = multi if multi is not None else one
@@ -422,6 +427,9 @@ class Planner:
         one = dict(budget=None, slots=None, group=None, fine=None)
         rows = [row("none", self.keep_all(), **one)]
         none_peak = rows[0]["peak_bytes"]
+        lean = self.without_cheap(self.keep_all())
+        if not np.array_equal(lean, self.keep_all()):
+            rows.append(row("remat", lean, **one))
         rows.append(row("sqrt", self.keep(kept_ids=self.sqrt()), **one))
         lo = max(1, min(rows[1]["peak_bytes"], none_peak) // 8)
         for b in np.unique(np.geomspace(lo, none_peak, n_budgets).astype(np.int64)):

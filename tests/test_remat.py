@@ -174,3 +174,21 @@ def test_remat_must_be_a_known_choice():
     for bad in ("yes", 1, None):
         with pytest.raises(GraphError, match="remat must be True, False or 'auto'"):
             jg.build_backward(jg.build_forward(loss), remat=bad)
+
+
+def test_memory_budget_and_pareto_weigh_the_remade_plain_plan():
+    """A budget the remade plain plan meets gets it (the least recompute: three gelus), not a
+    checkpoint plan; pareto lists it as strategy "remat"."""
+    g, x, loss, params, feeds = mlp(64)
+    fwd = jg.build_forward(loss)
+    remade, saved = jg.build_backward(fwd, remat=True), jg.build_backward(fwd, remat=False)
+    assert remade.peak_bytes < saved.peak_bytes
+    fit = jg.build_backward(fwd, memory_budget=remade.peak_bytes, remat=True)
+    assert fit.peak_bytes <= remade.peak_bytes and recomputed_ops(fit) == ["gelu"] * 3
+    assert grads_bits(fit, params, feeds) == grads_bits(saved, params, feeds)
+    rows = jg.pareto(fwd, remat=True)
+    row = next(r for r in rows if r["strategy"] == "remat")
+    assert row["n_recomputed"] == 3 and row["peak_bytes"] < max(r["peak_bytes"] for r in rows)
+    assert all(r["strategy"] != "remat" for r in jg.pareto(fwd, remat=False))
+    with pytest.raises(GraphError, match="pareto: remat must be"):
+        jg.pareto(fwd, remat="no")
