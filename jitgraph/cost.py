@@ -9,25 +9,20 @@ import numpy as np
 from numba import njit
 
 from . import registry
-from .ir import F_LEAF, MAX_SRC
+from .ir import F_LEAF, MAX_SRC, numel
 from .registry import DOT, DOT_K
-
-
-@njit(cache=True)
-def _numel(G, n):
-    return G.shape[n, 0] * G.shape[n, 1] * G.shape[n, 2] * G.shape[n, 3]
 
 
 @njit(cache=True)
 def node_flops(G, n, flops):
     """Recompute-cost estimate of node n (``flops``: registry.table("flops"))."""
-    out = G.shape[n, 0] * G.shape[n, 1] * G.shape[n, 2] * G.shape[n, 3]
+    out = numel(G.shape, n)
     f = flops[G.op[n]]
     if f == DOT:
         return 2 * out * G.ip[n, DOT_K]
     s = G.src[n, 0]
     if s >= 0:
-        inp = G.shape[s, 0] * G.shape[s, 1] * G.shape[s, 2] * G.shape[s, 3]
+        inp = numel(G.shape, s)
         if inp > out:
             out = inp
     return out * f
@@ -89,7 +84,7 @@ def analyze_forward(G, n_nodes, order, first_backward, end_backward, flops_table
         if computed and last[t] > reach:
             reach = last[t]
         if computed:
-            size[t] = G.shape[n, 0] * G.shape[n, 1] * G.shape[n, 2] * G.shape[n, 3]
+            size[t] = numel(G.shape, n)
             flops[t] = node_flops(G, n, flops_table)
     return saved, cut, size, flops
 
@@ -135,7 +130,7 @@ def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, m
             continue
         view = kinds[G.op[n]] == view_kind
         cheap = remake[G.op[n]] == COPY or (remake[G.op[n]] == MAP and G.src[n, 0] >= 0 and
-                                             _numel(G, n) == _numel(G, G.src[n, 0]))
+                                             numel(G.shape, n) == numel(G.shape, G.src[n, 0]))
         if not (view or cheap):
             continue
         d = 0
@@ -152,6 +147,6 @@ def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, m
         if d < 0:
             continue
         depth[n] = d if view else d + 1
-        if depth[n] <= MAX_REMAT_DEPTH and (not live[n] or _numel(G, n) >= min_elements):
+        if depth[n] <= MAX_REMAT_DEPTH and (not live[n] or numel(G.shape, n) >= min_elements):
             drop[n] = 1                      # unsaved ones too: a remake must not read the forward copy
     return drop

@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from .errors import GraphError
-from .ir import F_LEAF, MAX_SRC, Nodes
+from .ir import F_LEAF, MAX_SRC, Nodes, numel
 from .ops.group import EXTERNAL, MEMBER_WORDS, GroupIP
 from .plan import plan_memory
 from .registry import GROUP, table
@@ -56,11 +56,6 @@ def _holds(here, count, x):
         if here[j] == x:
             return True
     return False
-
-
-@njit(cache=True)
-def _numel(shape, n):
-    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
 
 
 @njit(cache=True)
@@ -109,8 +104,8 @@ def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
                 for e in range(n_ext[s]):
                     x = ext[s, e]
                     if last[x] < t and (flags[x] & F_LEAF) == 0:
-                        held += _numel(shape, x)
-                ok = held <= _numel(shape, s)
+                        held += numel(shape, x)
+                ok = held <= numel(shape, s)
             if ok:                                  # the inputs it would have, with slots for the sources to come
                 union = n_here
                 for e in range(n_ext[s]):

@@ -22,7 +22,8 @@ import numpy as np
 from numba import cfunc, from_dtype, njit, prange, types
 
 from .compiler import SKIP
-from .native import RUN_DETAIL, RUN_EXTENT, call_blocks, call_runner, data_pointer, numel, run_context
+from .ir import numel
+from .native import RUN_DETAIL, RUN_EXTENT, call_blocks, call_runner, data_pointer, run_context
 from .registry import CUSTOM, ELEMENTS, NONE, ROWS, SPLITS
 from .status import ERR_NOT_COMPILED, OK
 from .threads import BLOCK

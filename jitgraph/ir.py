@@ -27,6 +27,7 @@ by doubling on the Python side, before a pass that may need it.
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 MAX_SRC = 4
 MAX_DIMS = 4
@@ -54,6 +55,11 @@ FLAG_NAMES = (
     (F_PARAM_GRAD, "param_grad"),
 )
 
+
+@njit(cache=True)
+def numel(shape, n):
+    """Elements of node n (``shape``: the node table's shape column)."""
+    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
 
 
 class Nodes(NamedTuple):

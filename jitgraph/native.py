@@ -32,7 +32,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .ir import MAX_DIMS, MAX_SRC, N_FP, N_IP, LOC_STORE, Nodes
+from .ir import MAX_DIMS, MAX_SRC, N_FP, N_IP, LOC_STORE, Nodes, numel
 
 # ---- raw addresses ----------------------------------------------------------------------------
 
@@ -235,11 +235,6 @@ def same_data(a, b):
 def span(lo, hi, extent):
     """The units a runner does: [lo, hi), or all ``extent`` of them when hi is -1."""
     return (0, extent) if hi < 0 else (lo, hi)
-
-
-@njit(cache=True)
-def numel(shape, n):
-    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
 
 
 @njit(cache=True, inline="always")

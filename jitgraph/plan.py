@@ -22,7 +22,7 @@ from numba import njit, types
 
 from . import registry
 from ._sigs import ST, i64, on_first_use
-from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC
+from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC, numel
 from .order import extend_order, needed_backward
 from .registry import INPUT, LeafIP
 
@@ -38,14 +38,9 @@ def _aligned(x):
 
 
 @njit(cache=True)
-def _numel(shape, n):
-    return shape[n, 0] * shape[n, 1] * shape[n, 2] * shape[n, 3]
-
-
-@njit(cache=True)
 def _size(shape, n):
     """Elements node n occupies in the arena (aligned)."""
-    return _aligned(_numel(shape, n))
+    return _aligned(numel(shape, n))
 
 
 # ---- the free list: blocks sorted by offset, neighbours always merged -------------------
@@ -173,7 +168,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
                         break
                     r = root[s]
                     # the exact element count: a broadcast source can share an aligned size
-                    if last[r] == t and loc[r] == LOC_ARENA and _numel(shape, r) == _numel(shape, n):
+                    if last[r] == t and loc[r] == LOC_ARENA and numel(shape, r) == numel(shape, n):
                         reused = r
                         break
             if reused >= 0:
