@@ -36,23 +36,28 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
     return t.graph._node(code, (t.id,), t.shape, fp=fp)
 
 
-@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def unary(v, n, f, lo, hi):
-    """Run node n over elements [lo, hi): out[i] = f(x[i], p0, p1), with f an op's
-    element function (njit, inlined: a distinct function makes a distinct loop, so an
-    op's runner compiles its own math only)."""
-    p0 = v.fp[n, 0]                   # the family's convention: an element function takes the node's two
-    p1 = v.fp[n, 1]                   # float parameters in slot order (its op's fp declaration names them)
-    out = output(v, n)
-    lo, hi = span(lo, hi, out.size)
-    y = out[lo:hi]                    # slices indexed from 0: no wraparound test, so the loops vectorize
-    x = operand(v, n, 0)[lo:hi]
-    if same_data(y, x):               # in place: one array, or LLVM's overlap check picks its scalar loop
+@njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
+def _map(f, y, x, p0, p1):
+    """y[i] = f(x[i], p0, p1) over arrays indexed from 0 (no wraparound test, so the loops
+    vectorize); in place, one array (LLVM's overlap check would pick its scalar loop)."""
+    if same_data(y, x):
         for i in range(y.size):
             y[i] = f(y[i], p0, p1)
     else:
         for i in range(y.size):
             y[i] = f(x[i], p0, p1)
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def unary(v, n, f, lo, hi):
+    """Run node n over elements [lo, hi): out[i] = f(x[i], p0, p1), with f an op's
+    element function (njit, inlined: a distinct function makes a distinct loop, so an
+    op's runner compiles its own math only)."""
+    # the family's convention: an element function takes the node's two float parameters in
+    # slot order (its op's fp declaration names them)
+    out = output(v, n)
+    lo, hi = span(lo, hi, out.size)
+    _map(f, out[lo:hi], operand(v, n, 0)[lo:hi], v.fp[n, 0], v.fp[n, 1])
     return OK
 
 
@@ -60,15 +65,7 @@ def unary(v, n, f, lo, hi):
 def unary_chunk(v, n, f, m):
     """A group's chunk of node n (ops/group.py): y[i] = f(x[i], p0, p1) for the m elements at
     the chunk's addresses.  An op's chunk runner, compiled only for programs that fuse it."""
-    y, x = chunk_operand(v, 0, m), chunk_operand(v, 1, m)
-    p0 = v.fp[n, 0]
-    p1 = v.fp[n, 1]
-    if same_data(y, x):               # a group writing over a dying input: one array (see unary)
-        for i in range(m):
-            y[i] = f(y[i], p0, p1)
-    else:
-        for i in range(m):
-            y[i] = f(x[i], p0, p1)
+    _map(f, chunk_operand(v, 0, m), chunk_operand(v, 1, m), v.fp[n, 0], v.fp[n, 1])
     return OK
 
 
@@ -371,19 +368,9 @@ def _chunk_step(n, lo, hi, ctx, mem, store):
 defop(STEP, "step", step, _run_step, ZERO_GRAD, arity=1, kind=ELEMENTWISE, chunk=_chunk_step, public=False)
 
 
-@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def times(v, n, f, lo, hi):
-    """Run node n over elements [lo, hi): out[i] = g[i] * f(x[i], p0, p1) for its sources
-    (g, x) of one shape, f a derivative op's element function: a gradient through an
-    elementwise op in one pass, with the bits of mul(g, f(x)) (f's value is rounded to
-    the dtype first, as that node's output was)."""
-    p0 = v.fp[n, 0]
-    p1 = v.fp[n, 1]
-    out = output(v, n)
-    lo, hi = span(lo, hi, out.size)
-    y = out[lo:hi]                    # slices from 0 and in-place cases apart: see unary
-    g = operand(v, n, 0)[lo:hi]
-    x = operand(v, n, 1)[lo:hi]
+@njit(cache=True, error_model="numpy", inline="always")   # f a function argument (see _map)
+def _times_map(f, y, g, x, p0, p1):
+    """y[i] = g[i] * f(x[i], p0, p1); in place over g or x, one array (see _map)."""
     if same_data(y, g):
         for i in range(y.size):
             y[i] = y[i] * f(x[i], p0, p1)
@@ -393,24 +380,24 @@ def times(v, n, f, lo, hi):
     else:
         for i in range(y.size):
             y[i] = g[i] * f(x[i], p0, p1)
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
+def times(v, n, f, lo, hi):
+    """Run node n over elements [lo, hi): out[i] = g[i] * f(x[i], p0, p1) for its sources
+    (g, x) of one shape, f a derivative op's element function: a gradient through an
+    elementwise op in one pass, with the bits of mul(g, f(x)) (f's value is rounded to
+    the dtype first, as that node's output was)."""
+    out = output(v, n)
+    lo, hi = span(lo, hi, out.size)
+    _times_map(f, out[lo:hi], operand(v, n, 0)[lo:hi], operand(v, n, 1)[lo:hi], v.fp[n, 0], v.fp[n, 1])
     return OK
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see unary)
 def times_chunk(v, n, f, m):
     """A group's chunk of ``times`` (see unary_chunk)."""
-    y, g, x = chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m)
-    p0 = v.fp[n, 0]
-    p1 = v.fp[n, 1]
-    if same_data(y, g):               # in place: one array (see times)
-        for i in range(m):
-            y[i] = y[i] * f(x[i], p0, p1)
-    elif same_data(y, x):
-        for i in range(m):
-            y[i] = g[i] * f(y[i], p0, p1)
-    else:
-        for i in range(m):
-            y[i] = g[i] * f(x[i], p0, p1)
+    _times_map(f, chunk_operand(v, 0, m), chunk_operand(v, 1, m), chunk_operand(v, 2, m), v.fp[n, 0], v.fp[n, 1])
     return OK
 
 
