@@ -46,11 +46,22 @@ class Trial:
         self.is_forward = np.zeros(end, np.uint8)
         self.is_forward[fwd_order] = 1
         self._to_schedule = to_schedule
+        self._by_keep: dict = {}      # a keep mask's bytes -> its measure (remat and the budget search ask again)
 
     def measure(self, plan, flops_above=None):
         """dict(peak_bytes, recompute_flops, n_recomputed, recompute_steps,
         max_recomputations) of ``plan`` (a Schedule or a keep mask); None when its
         recompute flops exceed ``flops_above`` (then it is not planned at all)."""
+        key = None if isinstance(plan, Schedule) else np.asarray(plan).tobytes()
+        got = self._by_keep.get(key)
+        if got is not None:
+            return None if flops_above is not None and got["recompute_flops"] > flops_above else got
+        got = self._measure(plan, flops_above)
+        if key is not None and got is not None:
+            self._by_keep[key] = got
+        return got
+
+    def _measure(self, plan, flops_above):
         sched = plan if isinstance(plan, Schedule) else self._to_schedule(plan)
         scratch = self.graph.nodes.copy(self.end + self.order.size + 16, rows=self.end)
         counts = run_rewrite(scratch, self.first, self.end, self.order, sched)
@@ -170,9 +181,9 @@ class Planner:
         """``keep`` less the cheap tensors not worth saving (cost.not_worth_saving) when the
         planner rematerializes (remat True: all of them, "auto": big ones) and that lowers the
         planned peak; the loss and batch statistics stay."""
-        nodes = self.graph.nodes
         if self.remat is False:
             return keep
+        nodes = self.graph.nodes
         remake = remake_table()
         if self.remat == "auto":              # no cheap op big enough: no analysis, not even the pass compiled
             big = nodes.shape[self.order].prod(axis=1) >= REMAT_MIN_ELEMENTS
@@ -425,13 +436,14 @@ class Planner:
             return dict(strategy=strategy, **extra, **self.trial.measure(plan))
 
         one = dict(budget=None, slots=None, group=None, fine=None)
-        rows = [row("none", self.keep_all(), **one)]
+        keep_all = self.keep_all()
+        rows = [row("none", keep_all, **one)]
         none_peak = rows[0]["peak_bytes"]
-        lean = self.without_cheap(self.keep_all())
-        if not np.array_equal(lean, self.keep_all()):
+        lean = self.without_cheap(keep_all)
+        if lean is not keep_all:
             rows.append(row("remat", lean, **one))
         rows.append(row("sqrt", self.keep(kept_ids=self.sqrt()), **one))
-        lo = max(1, min(rows[1]["peak_bytes"], none_peak) // 8)
+        lo = max(1, min(rows[-1]["peak_bytes"], none_peak) // 8)      # an eighth of the sqrt plan's peak
         for b in np.unique(np.geomspace(lo, none_peak, n_budgets).astype(np.int64)):
             for end_alive in (1, 0):
                 keep = self.dp_keep(int(b), end_alive)
