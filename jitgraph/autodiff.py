@@ -50,8 +50,7 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     memory_budget weighs the plain plan with remade values among its candidates.  The bits
     are the same.
     """
-    if remat is not True and remat is not False and remat != "auto":
-        raise GraphError(f"build_backward: remat must be True, False or 'auto', got {remat!r}")
+    _check_remat(remat, "build_backward")
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph
     with g.transaction(flags=True):        # a plan that cannot be made leaves no gradient nodes behind
@@ -89,11 +88,15 @@ def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
     scratch = fwd.graph.scratch_copy()
     first = scratch.nodes.n
     _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
-    if remat is not True and remat is not False and remat != "auto":
-        raise GraphError(f"pareto: remat must be True, False or 'auto', got {remat!r}")
+    _check_remat(remat, "pareto")
     planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse,
                       remat)
     return planner.frontier(n_budgets)
+
+
+def _check_remat(remat: Any, what: str) -> None:
+    if remat is not True and remat is not False and remat != "auto":
+        raise GraphError(f"{what}: remat must be True, False or 'auto', got {remat!r}")
 
 
 def _scalar_loss(fwd: Any, what: str) -> Tensor:

@@ -53,8 +53,13 @@ def runner_signature(dtype):
     return i64(i64, i64, i64, types.CPointer(i64), types.CPointer(t), types.CPointer(t))
 
 
+def _function(kind, op):
+    """The op's runner ("run") or chunk runner ("chunk": ops/group.py), or None."""
+    return op.runner if kind == "run" else op.chunk
+
+
 def _compile(kind, op, dtype, sig):
-    fn = op.runner if kind == "run" else op.chunk      # "chunk": the op's chunk runner (ops/group.py)
+    fn = _function(kind, op)
     with warnings.catch_warnings():
         # inlining vmath's functions trips a pedantic SSA check of Numba's (a warning that
         # asks for a bug report); the code is right -- the tests compare every op with numpy
@@ -257,7 +262,7 @@ def _table(kind, dtype):
             if table is None or table.size < registry.n_codes():
                 table = np.full(registry.n_codes(), MISSING, np.int64)
                 for op in registry.OPS.values():
-                    if (op.runner if kind == "run" else op.chunk) is None:
+                    if _function(kind, op) is None:
                         table[op.code] = SKIP
                 _runner_tables[key] = table
     return table
