@@ -117,7 +117,8 @@ def workload(make, quick, rounds, torch):
     fused, feeds = programs["default"]
     unfused, ufeeds = programs["unfused"]
     saving, sfeeds = programs["fused, saving all"]
-    out["bits_equal"] = all(_bits(p, f) == _bits(unfused, ufeeds) for p, f in ((fused, feeds), (saving, sfeeds)))
+    want = _bits(unfused, ufeeds)
+    out["bits_equal"] = all(_bits(p, f) == want for p, f in ((fused, feeds), (saving, sfeeds)))
     ctx = Ctx(quick=quick, repeats=rounds, min_sample_s=0.005 if quick else 0.2, threads=os.cpu_count(),
               torch=torch, note=lambda _: None, torch_compile=True)
     fns = {"jitgraph": lambda: fused.run(feeds), "fused, saving all": lambda: saving.run(sfeeds),
