@@ -1,4 +1,4 @@
-"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph warmup``, ``jitgraph bench``."""
+"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph info``, ``jitgraph warmup``, ``jitgraph bench``."""
 import argparse
 import importlib
 import importlib.util
@@ -63,6 +63,32 @@ def tour(args: argparse.Namespace) -> int:
     return 0
 
 
+def info(args: argparse.Namespace) -> int:
+    """What jitgraph runs on here: version, CPU, threads, the BLAS chosen and why."""
+    from . import blas, threads
+    if args.measure:
+        blas.forget_choice()
+    print(f"jitgraph {jg.__version__} ({os.path.dirname(os.path.abspath(jg.__file__))})")
+    print(f"CPU: {blas.cpu_description()}; {threads.max_threads()} threads "
+          f"(Numba's {threads.LAYER} layer)")
+    print(f"compiled-code cache: {_cache.CACHE_DIR}")
+    for dtype in (np.float32, np.float64) if args.measure else (np.float32,):
+        print(f"BLAS for {np.dtype(dtype).name}: {blas.describe(dtype)}")
+        measured = blas.timings(dtype)
+        if measured:
+            names = list(measured["seconds"])
+            print(f"  {'GFLOP/s, one thread':24s}" + "".join(f"{n:>10s}" for n in names))
+            for c, M, N, K, _, _ in blas.SHAPE_CLASSES:
+                print(f"  {c:24s}" + "".join(f"{2 * M * N * K / measured['seconds'][n][c] / 1e9:10.1f}"
+                                             for n in names))
+            print(f"  {'mean time / fastest':24s}" + "".join(f"{measured['score'][n]:10.3f}" for n in names))
+    for lib in blas.available():
+        print(f"  {lib.name}: {lib.version}, {lib.kernel} kernels, {lib.path}")
+    print(f"(JITGRAPH_BLAS={'|'.join(blas.NAMES)} forces one; `pip install \"jitgraph[mkl]\"` adds MKL, "
+          f"`jitgraph info --measure` times them again)")
+    return 0
+
+
 def warmup(args: argparse.Namespace) -> int:
     """Compile the graph passes and every op's kernels into the cache, on all cores."""
     dtypes = list(DTYPES) if args.all else list(dict.fromkeys(args.dtype))
@@ -81,6 +107,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("tour", help="build a small graph, run it, print its node table and result")
     p.add_argument("--batch", type=int, default=4)
     p.set_defaults(func=tour)
+    p = sub.add_parser("info", help="print the version, the CPU and the BLAS chosen for products (and why)")
+    p.add_argument("--measure", action="store_true",
+                   help="time every BLAS present again (float32 and float64) and show the figures")
+    p.set_defaults(func=info)
     p = sub.add_parser("warmup", help="compile every kernel into the cache ahead of time, on all cores "
                                       "(for CI images, Docker builds, clusters)")
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"],

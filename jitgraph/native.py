@@ -117,19 +117,72 @@ def _gemm_codegen(int_bits):
 
 
 @intrinsic
-def gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """Column-major C = alpha op(A) op(B) + beta C through the BLAS ?gemm at ``address``
-    (the Fortran interface, every argument by pointer, 32-bit integers as scipy's
-    cython_blas).  ``transa``, ``transb`` are 0/1; ``a``, ``b``, ``c`` typed pointers."""
+def _fortran_gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """Column-major C = alpha op(A) op(B) + beta C through the Fortran ?gemm at ``address``
+    (every argument by pointer, 32-bit integers: scipy's cython_blas, MKL's LP64)."""
     sig = types.void(address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     return sig, _gemm_codegen(32)
 
 
 @intrinsic
-def gemm64(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """``gemm`` for a BLAS built with 64-bit integers (ILP64, as numpy's OpenBLAS)."""
+def _fortran_gemm64(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """``_fortran_gemm`` for a BLAS built with 64-bit integers (ILP64, as numpy's OpenBLAS)."""
     sig = types.void(address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     return sig, _gemm_codegen(64)
+
+
+BLIS_TRANSPOSE = 8          # BLIS's trans_t: BLIS_NO_TRANSPOSE is 0, BLIS_TRANSPOSE the transpose bit (1 << 3)
+
+
+def _blis_codegen(context, builder, signature, args):
+    """Codegen of BLIS's typed ``bli_?gemm(transa, transb, m, n, k, *alpha, a, rsa, csa, b,
+    rsb, csb, *beta, c, rsc, csc)``: dims and strides 64-bit, trans_t a 32-bit enum, only
+    the scalars by pointer.  A column-major matrix with leading dim ld has strides (1, ld)."""
+    dtype = signature.args[7].dtype
+    addr, ta, tb, m_, n_, k_, al, a_, lda_, b_, ldb_, be, c_, ldc_ = args
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    fty = context.get_value_type(dtype)
+
+    def scalar(value, from_type):
+        slot = cgutils.alloca_once(builder, fty)
+        builder.store(context.cast(builder, value, from_type, dtype), slot)
+        return slot
+
+    def trans(flag):
+        return builder.select(builder.icmp_signed("!=", flag, flag.type(0)), i32(BLIS_TRANSPOSE), i32(0))
+
+    def wide(value):
+        return builder.sext(value, i64) if value.type.width < 64 else value
+
+    one = i64(1)
+    argv = [trans(ta), trans(tb), wide(m_), wide(n_), wide(k_), scalar(al, signature.args[6]),
+            a_, one, wide(lda_), b_, one, wide(ldb_), scalar(be, signature.args[11]), c_, one, wide(ldc_)]
+    fnty = ir.FunctionType(ir.VoidType(), [v.type for v in argv])
+    builder.call(builder.inttoptr(addr, fnty.as_pointer()), argv)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _blis_gemm(typingctx, address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    sig = types.void(address, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    return sig, _blis_codegen
+
+
+# how the gemm at ctx[RUN_GEMM] is called (blas.py finds it and says which)
+FORTRAN_LP64, FORTRAN_ILP64, BLIS_TYPED = 0, 1, 2
+
+
+@njit(cache=True, inline="always")
+def gemm(fn, kind, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """Column-major C (m x n, leading dim ldc) = alpha op(A) op(B) + beta C, ``a``, ``b``,
+    ``c`` typed pointers, ``transa``/``transb`` 0 or 1, through the gemm at address ``fn``
+    called as ``kind`` says (FORTRAN_LP64, FORTRAN_ILP64 or BLIS_TYPED)."""
+    if kind == BLIS_TYPED:
+        _blis_gemm(fn, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    elif kind == FORTRAN_ILP64:
+        _fortran_gemm64(fn, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    else:
+        _fortran_gemm(fn, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
 
 # ---- the runners' context ----------------------------------------------------------------------
@@ -138,7 +191,7 @@ RUN_ROWS, RUN_SRC, RUN_SHAPE, RUN_IP, RUN_FP, RUN_LOC, RUN_OFF = 0, 1, 2, 3, 4, 
 RUN_MEM_SIZE, RUN_STORE_SIZE, RUN_SALT, RUN_DETAIL = 7, 8, 9, 10
 RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
 RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
-RUN_GEMM_ILP64 = 13        # 1 if that gemm takes 64-bit integers
+RUN_GEMM_KIND = 13         # how that gemm is called: FORTRAN_LP64, FORTRAN_ILP64 or BLIS_TYPED
 RUN_TILES = 14             # most tiles a product is cut into: the thread pool's size
 RUN_CHUNKS, RUN_N_CHUNKS = 15, 16       # the chunk runner table (a group runs its members' chunks)
 RUN_GROUPS, RUN_N_GROUPS = 17, 18       # the program's group code (fuse.py)
@@ -161,7 +214,7 @@ class RunView(NamedTuple):
 
 @njit(cache=True)
 def run_context(G, loc, off, mem, store, salt, natives, chunks, groups):
-    """The ctx array a program's run hands to every runner (``natives``: compiler.natives;
+    """The ctx array a program's run hands to every runner (``natives``: blas.natives;
     ``chunks``: the chunk runner table; ``groups``: the program's group code)."""
     ctx = np.empty(RUN_CTX, np.int64)
     ctx[RUN_ROWS] = G.op.size
@@ -177,7 +230,7 @@ def run_context(G, loc, off, mem, store, salt, natives, chunks, groups):
     ctx[RUN_DETAIL] = 0
     ctx[RUN_GEMM] = natives[0]
     ctx[RUN_EXTENT] = 1
-    ctx[RUN_GEMM_ILP64] = natives[2]
+    ctx[RUN_GEMM_KIND] = natives[2]
     ctx[RUN_TILES] = natives[3]
     ctx[RUN_CHUNKS] = address_of(chunks)
     ctx[RUN_N_CHUNKS] = chunks.size

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from . import compiler
+from . import blas, compiler
 from .cost import total_flops
 from .errors import GraphError
 from .fuse import fuse_and_plan
@@ -269,7 +269,7 @@ class Program:
         if tables is None:
             g = self.graph
             G = self.run_table
-            natives = compiler.natives(g.dtype)
+            natives = blas.natives(g.dtype)
             if g.dtype.name not in _interpreter_ready:
                 run_nodes(G, self.run_order[:0], self.loc, self.off, mem, g.store, salt,
                           np.zeros(1, np.int64), natives, split, 0, self._fused.code, np.zeros(1, np.int64))

@@ -14,15 +14,28 @@ OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
-def cpu_model():
+def _cpuinfo(key):
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model():
+    return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def cpu_vendor():
+    """Vendor, family and model (e.g. "AuthenticAMD family 25 model 1"): the code paths
+    BLAS libraries take depend on them."""
+    vendor = _cpuinfo("vendor_id") or platform.machine()
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model")
+    return f"{vendor} family {family} model {model}" if family else vendor
 
 
 def usable_cpus():
@@ -74,7 +87,7 @@ def torch_blas(torch):
 def probe(torch, threads):
     env = {
         "python": platform.python_version(), "platform": platform.platform(),
-        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "usable_cpus": usable_cpus(),
+        "cpu_model": cpu_model(), "cpu_vendor": cpu_vendor(), "cpu_count": os.cpu_count(), "usable_cpus": usable_cpus(),
         "threads": threads,
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
                      "scipy": scipy.__version__, "torch": getattr(torch, "__version__", None),
@@ -89,10 +102,13 @@ def probe(torch, threads):
         pools = None
     env["threadpools"] = pools
     env["numpy_build_blas"] = numpy_build_blas() if pools is None else None
-    # which BLAS each contender calls: numpy's own; jitgraph's products call the gemm of
-    # compiler.blas_library (numpy's OpenBLAS when it has one, else scipy's); torch's is linked in
-    from jitgraph import compiler
-    ours = os.path.realpath(compiler.blas_library(np.float32))
+    # which BLAS each contender calls: numpy's own; jitgraph's products call the library
+    # blas.chosen picked on this host (by measurement, or JITGRAPH_BLAS); torch's is linked in
+    from jitgraph import blas as jg_blas
+    lib = jg_blas.chosen(np.float32)
+    ours = os.path.realpath(lib.path)
+    env["jitgraph_blas"] = {"chosen": lib.name, "version": lib.version, "kernel": lib.kernel,
+                            "line": jg_blas.describe(np.float32), "measured": jg_blas.timings(np.float32)}
     blas = {}
     for p in pools or []:
         if p.get("user_api") == "blas":
@@ -113,13 +129,15 @@ def fmt_load(load):
 def markdown(env):
     """The report's Environment section."""
     L = ["## Environment", "",
-         f"* CPU: {env['cpu_model']}, {env['cpu_count']} cores ({env['usable_cpus']} usable); "
+         f"* CPU: {env['cpu_model']} ({env.get('cpu_vendor', 'vendor not recorded')}), {env['cpu_count']} cores ({env['usable_cpus']} usable); "
          f"python {env['python']} on {env['platform']}",
          f"* load average (1, 5, 15 min) at start {fmt_load(env['load_average_at_start'])}, "
          f"at end {fmt_load(env.get('load_average_at_end'))}: other processes on the machine, which skew timings",
          "* versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
          "* environment variables: " + (", ".join(f"{k}={v}" for k, v in env["env_vars"].items() if v is not None)
                                         or "none of " + ", ".join(env["env_vars"]) + " set")]
+    if env.get("jitgraph_blas"):
+        L.append(f"* jitgraph's products: {env['jitgraph_blas']['line']}")
     for who, b in env["blas"].items():
         L.append(f"* BLAS of {who}: " + ", ".join(f"{k} {v}" for k, v in b.items()
                                                   if v is not None and k != "filepath"))

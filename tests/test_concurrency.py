@@ -8,7 +8,7 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import jitgraph as jg
-from jitgraph import compiler
+from jitgraph import blas
 from jitgraph.threads import hold_blas, release_blas
 
 
@@ -93,16 +93,22 @@ def test_optimizer_steps_and_runs_from_threads_keep_params_consistent():
 
 
 # ---- the BLAS's thread count while programs run -----------------------------------------------------
+def openblas():
+    """numpy's (else scipy's) OpenBLAS, one of the libraries jitgraph may call (blas.py)."""
+    lib = blas.available()[0]
+    assert lib.name == "openblas", "OpenBLAS is always a candidate, first"
+    return lib
+
+
 def blas_threads():
-    """The current thread count of the BLAS library jitgraph's products call."""
-    path = compiler.blas_library(np.float32)
-    return next(i["num_threads"] for i in threadpool_info() if os.path.samefile(i["filepath"], path))
+    """The current thread count of that OpenBLAS."""
+    return next(i["num_threads"] for i in threadpool_info() if os.path.samefile(i["filepath"], openblas().path))
 
 
 def test_runs_hold_the_blas_to_one_thread_from_the_first_start_to_the_last_end():
     """OpenBLAS's openblas_set_num_threads_local sets the process-wide count: runs that each
     set and restored it raced (one restored 2 threads under another's products)."""
-    setter = int(compiler.natives(np.float32)[1])
+    setter = openblas().setter
     assert setter, "numpy's OpenBLAS (>= 0.3.27) has openblas_set_num_threads_local"
     with threadpool_limits(limits=2, user_api="blas"):
         assert blas_threads() == 2

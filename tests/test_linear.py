@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph import compiler
+from jitgraph import blas
 from jitgraph.ops.linear import FLAT, TILE_WORK, swaps, tiling
 
 RNG = np.random.default_rng(7)
@@ -78,7 +78,7 @@ def test_tiles_cover_the_product(most):
         assert (rt == 1 or M // rt >= 32) and (ct == 1 or N // ct >= 32)
         if 2 * M * N * K >= most * TILE_WORK:
             assert rt * ct >= most - 1, "a big product uses the pool"
-    natives = compiler.natives(np.float64)
+    natives = blas.natives(np.float64)
     saved = natives[3]
     natives[3] = most
     try:

@@ -46,7 +46,7 @@ from numba import njit
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, data_pointer, gemm, gemm64,
+from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_KIND, data_pointer, gemm,
                       operand, output, run_view, span)
 from ..registry import ATTENTION, ATTENTION_D, COMPUTE, CUSTOM, DOT, DOT_K, defop, slots
 from ..rules import either, op
@@ -118,14 +118,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
 
 # ---- the kernels' pieces -------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
-def _mm(fn, ilp64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
+def _mm(fn, kind, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
     """Row-major C (M x N, row stride ldc) = alpha op(A) op(B) + beta C, the matrices starting
     at the first elements of A, B, C (op: transposed when ta / tb is 1): the column-major
     C^T = op(B)^T op(A)^T of the BLAS."""
-    if ilp64:
-        gemm64(fn, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
-    else:
-        gemm(fn, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
+    gemm(fn, kind, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
 
 
 @njit(cache=True, error_model="numpy")
@@ -135,13 +132,13 @@ def _first_seen(causal, key, q0, rows):
 
 
 @njit(cache=True, error_model="numpy")
-def _scores(fn, ilp64, St, Q, K, q0, rows, k0, kb, d, scale):
+def _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, scale):
     """St (kb x rows) = scale K_blk Q_i^T: the scores of query rows [q0, q0 + rows) against keys
     [k0, k0 + kb), transposed -- a key per row of St.  Stored so, the products run faster (d = 64,
     128 query rows, 1024 keys: 93 GFLOP/s for K Q^T against 69 for Q K^T, and 95 against 85 for
     the gradients' products) and the softmax's work runs along St's rows, across queries, so its
     loops vectorize without reductions."""
-    _mm(fn, ilp64, 0, 1, kb, rows, d, scale, K[k0 * d:], d, Q[q0 * d:], d, 0.0, St, rows)
+    _mm(fn, kind, 0, 1, kb, rows, d, scale, K[k0 * d:], d, Q[q0 * d:], d, 0.0, St, rows)
     return OK
 
 
@@ -197,7 +194,7 @@ def _probabilities(St, rows, kb, q0, k0, causal, lse):
 
 
 @njit(cache=True, error_model="numpy")
-def _stats(fn, ilp64, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx):
+def _stats(fn, kind, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx):
     """Row maxima m and sums l of exp(scores) of query rows [q0, q0 + rows) over keys
     [0, kend); St holds the last key block's exps (relative to the final m when one block)."""
     for r in range(rows):
@@ -205,7 +202,7 @@ def _stats(fn, ilp64, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr
         l[r] = in_dtype_of(St, 0.0)
     for k0 in range(0, kend, KB):
         kb = min(KB, kend - k0)
-        _scores(fn, ilp64, St, Q, K, q0, rows, k0, kb, d, scale)
+        _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, scale)
         _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
     return OK
 
@@ -220,7 +217,7 @@ def _scratch(out, rows, keys):
 
 # ---- forward -------------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
-def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, ilp64):
+def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, kind):
     """Units [lo, hi): unit u is query rows [BR b, BR b + BR) of head h, u = h * blocks + b."""
     blocks = (Tq + BR - 1) // BR
     St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
@@ -240,7 +237,7 @@ def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo,
         kend = min(Tk, q0 + rows) if causal else Tk
         for k0 in range(0, kend, KB):
             kb = min(KB, kend - k0)
-            _scores(fn, ilp64, St, Qh, Kh, q0, rows, k0, kb, d, scale)
+            _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, scale)
             _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
             if k0 > 0:
                 for r in range(rows):
@@ -248,7 +245,7 @@ def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo,
                     a = acc[r * d:(r + 1) * d]
                     for j in range(d):
                         a[j] *= c
-            _mm(fn, ilp64, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * d:], d, 1.0, acc, d)      # O += P V
+            _mm(fn, kind, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * d:], d, 1.0, acc, d)      # O += P V
         for r in range(rows):
             inv = in_dtype_of(out, 1.0) / l[r]
             a = acc[r * d:(r + 1) * d]
@@ -268,10 +265,10 @@ def _run_attention(n, lo, hi, ctx, mem, store):
         v.ctx[RUN_EXTENT] = units
         return OK
     lo, hi = span(lo, hi, units)
-    fn, ilp64 = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0
+    fn, kind = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_KIND]
     status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq,
                                v.shape[v.src[n, 1], 2], sq[3], v.fp[n, AttentionFP.scale], v.ip[n, AttentionIP.causal],
-                               BR, v.ip[n, AttentionIP.block_keys], lo, hi, fn, ilp64)
+                               BR, v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
     return status
 
 
@@ -315,7 +312,7 @@ def attention_d(q: Tensor, k: Tensor, v: Tensor, gd: Tensor, causal: bool = Fals
 
 
 @njit(cache=True, error_model="numpy")
-def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, ilp64):
+def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, kind):
     """Heads [lo, hi): each head's [dq; dk; dv] (see the module docstring)."""
     St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
     dPt = np.empty(St.size, out.dtype)
@@ -337,7 +334,7 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, h
         for q0 in range(0, Tq, BR):
             rows = min(BR, Tq - q0)
             kend = min(Tk, q0 + rows) if causal else Tk
-            _stats(fn, ilp64, St, Qh, Kh, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx)
+            _stats(fn, kind, St, Qh, Kh, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx)
             single = kend <= KB
             for r in range(rows):
                 if single:                   # St holds exp(s - max) = l P: 1 / l goes into dO
@@ -353,18 +350,18 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, h
             for k0 in range(0, kend, KB):
                 kb = min(KB, kend - k0)
                 if not single:
-                    _scores(fn, ilp64, St, Qh, Kh, q0, rows, k0, kb, d, scale)
+                    _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, scale)
                     _probabilities(St, rows, kb, q0, k0, causal, m)
-                _mm(fn, ilp64, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * d:], d)      # dV += P^T dO
-                _mm(fn, ilp64, 0, 1, kb, rows, d, 1.0, Vh[k0 * d:], d, dO, d, 0.0, dPt, rows)     # dP^T = V dO^T
+                _mm(fn, kind, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * d:], d)      # dV += P^T dO
+                _mm(fn, kind, 0, 1, kb, rows, d, 1.0, Vh[k0 * d:], d, dO, d, 0.0, dPt, rows)     # dP^T = V dO^T
                 for i in range(kb):                                                           # dS = P (dP - D)
                     p = St[i * rows:(i + 1) * rows]
                     x = dPt[i * rows:(i + 1) * rows]
                     for r in range(rows):
                         x[r] = p[r] * (x[r] - corr[r])
                 # dQ += scale dS K, dK += scale dS^T Q
-                _mm(fn, ilp64, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * d:], d, 1.0, dq[q0 * d:], d)
-                _mm(fn, ilp64, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * d:], d, 1.0, dk[k0 * d:], d)
+                _mm(fn, kind, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * d:], d, 1.0, dq[q0 * d:], d)
+                _mm(fn, kind, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * d:], d, 1.0, dk[k0 * d:], d)
     return OK
 
 
@@ -376,11 +373,11 @@ def _run_attention_d(n, lo, hi, ctx, mem, store):
         v.ctx[RUN_EXTENT] = heads
         return OK
     lo, hi = span(lo, hi, heads)
-    fn, ilp64 = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_ILP64] != 0
+    fn, kind = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_KIND]
     status = attention_backward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2),
                                 operand(v, n, 3), sq[2], v.shape[v.src[n, 1], 2], sq[3], v.fp[n, AttentionFP.scale],
                                 v.ip[n, AttentionIP.causal], v.ip[n, AttentionIP.block_rows],
-                                v.ip[n, AttentionIP.block_keys], lo, hi, fn, ilp64)
+                                v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
     return status
 
 

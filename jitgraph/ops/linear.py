@@ -13,7 +13,7 @@ contracted is the contracted length (the cost model's).
 * batched products (attention's ``q @ k^T``) call the GEMM once per matrix, on
   pointers into the operands (no copies, no allocation).
 
-The GEMM is numpy's bundled OpenBLAS (else scipy's), called directly (compiler.natives).
+The GEMM is the host's fastest BLAS (blas.py), called directly (blas.natives).
 """
 import numpy as np
 from numba import njit
@@ -22,8 +22,8 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_ILP64, RUN_TILES, data_pointer,
-                      gemm, gemm64, operand, output, run_view, span)
+from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_KIND, RUN_TILES, data_pointer, gemm, operand, output,
+                      run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, MATMUL, TRANSPOSE, defop, slots
 from ..rules import either, lays_out_products, op
 from ..status import OK
@@ -103,12 +103,9 @@ def _matmul(g: Graph, a: Tensor, b: Tensor) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy")
-def _gemm(fn, ilp64, tx, ty, m, n, K, X, ldx, Y, ldy, C, ldc):
+def _gemm(fn, kind, tx, ty, m, n, K, X, ldx, Y, ldy, C, ldc):
     """Column-major C (m x n, leading dim ldc) = op(X) op(Y), X, Y, C typed pointers."""
-    if ilp64:
-        gemm64(fn, tx, ty, m, n, K, 1.0, X, ldx, Y, ldy, 0.0, C, ldc)
-    else:
-        gemm(fn, tx, ty, m, n, K, 1.0, X, ldx, Y, ldy, 0.0, C, ldc)
+    gemm(fn, kind, tx, ty, m, n, K, 1.0, X, ldx, Y, ldy, 0.0, C, ldc)
 
 
 @njit(cache=True, error_model="numpy")
@@ -122,7 +119,7 @@ def swaps(ta, tb, rows, cols, K):
 
 
 @njit(cache=True, error_model="numpy")
-def _tile(fn, ilp64, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
+def _tile(fn, kind, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
     """Rows [r0, r1) x columns [c0, c1) of row-major C (N columns) = op(A) op(B), as the
     column-major C^T = op(B)^T op(A)^T, on pointers offset into C, op(A)'s rows and
     op(B)'s columns (offsets along the other axis when an operand is stored transposed),
@@ -133,14 +130,14 @@ def _tile(fn, ilp64, C, A, B, ta, tb, N, K, lda, ldb, r0, r1, c0, c1):
     rows, cols = r1 - r0, c1 - c0
     if swaps(ta, tb, rows, cols, K):
         S = np.empty(rows * cols, C.dtype)
-        _gemm(fn, ilp64, 1 - ta, 1 - tb, rows, cols, K, data_pointer(A[a0:]), lda, data_pointer(B[b0:]), ldb,
+        _gemm(fn, kind, 1 - ta, 1 - tb, rows, cols, K, data_pointer(A[a0:]), lda, data_pointer(B[b0:]), ldb,
               data_pointer(S), rows)
         for i in range(rows):
             row = C[(r0 + i) * N + c0:(r0 + i) * N + c1]
             for j in range(cols):
                 row[j] = S[j * rows + i]
     else:
-        _gemm(fn, ilp64, tb, ta, cols, rows, K, data_pointer(B[b0:]), ldb, data_pointer(A[a0:]), lda,
+        _gemm(fn, kind, tb, ta, cols, rows, K, data_pointer(B[b0:]), ldb, data_pointer(A[a0:]), lda,
               data_pointer(C[r0 * N + c0:]), N)
 
 
@@ -178,7 +175,7 @@ def _product(v, n, lo, hi):
     ta = v.ip[n, MatmulIP.trans_a]
     tb = v.ip[n, MatmulIP.trans_b]
     fn = v.ctx[RUN_GEMM]
-    ilp64 = v.ctx[RUN_GEMM_ILP64] != 0
+    kind = v.ctx[RUN_GEMM_KIND]
     N = so[3]
     lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
     ldb = sb[3]
@@ -202,7 +199,7 @@ def _product(v, n, lo, hi):
         for u in range(lo, hi):
             r0 = (u // col_tiles) * row_step
             c0 = (u % col_tiles) * col_step
-            _tile(fn, ilp64, out, A, B, ta, tb, N, K, lda, ldb, r0, min(r0 + row_step, rows), c0,
+            _tile(fn, kind, out, A, B, ta, tb, N, K, lda, ldb, r0, min(r0 + row_step, rows), c0,
                   min(c0 + col_step, N))
     else:
         M = so[2]
@@ -213,7 +210,7 @@ def _product(v, n, lo, hi):
             i1 = b % so[1]
             ja = (i0 if sa[0] > 1 else 0) * sa[1] + (i1 if sa[1] > 1 else 0)
             jb = (i0 if sb[0] > 1 else 0) * sb[1] + (i1 if sb[1] > 1 else 0)
-            _tile(fn, ilp64, out[b * M * N:], A[ja * size_a:], B[jb * size_b:], ta, tb, N, K, lda, ldb, 0, M, 0, N)
+            _tile(fn, kind, out[b * M * N:], A[ja * size_a:], B[jb * size_b:], ta, tb, N, K, lda, ldb, 0, M, 0, N)
     return OK
 
 

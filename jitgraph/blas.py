@@ -1,0 +1,451 @@
+"""The BLAS behind every matrix product: the fastest library on this host, by measurement.
+
+Candidates, where present: numpy's bundled OpenBLAS (else scipy's), Intel's MKL (the
+``mkl`` wheel's ``libmkl_rt``: ``pip install "jitgraph[mkl]"``) and BLIS (the ``blis``
+package).  Which is fastest depends on the CPU, not on the library's reputation:
+MKL leads on Intel Xeons and can trail on AMD; OpenBLAS's kernels are tuned per core.
+So, the first time a process of this host needs a product, every candidate is timed
+on the product shapes models make (``SHAPE_CLASSES``: a linear layer forward and both of
+its gradients at MLP and transformer sizes, attention's small per-head products), and
+the one with the lowest mean time relative to the best is chosen -- OpenBLAS keeps the
+place unless another is faster by ``MARGIN``.  The choice is cached on disk per host
+(CPU model and flags, each candidate's version and file); ``JITGRAPH_BLAS=openblas|mkl|blis``
+forces one.  With only one library present nothing is timed.
+
+Every library runs on one thread per call (jitgraph cuts big products into tiles for
+its own threads, native.py): OpenBLAS through its thread count setter
+(threads.hold_blas), MKL with its sequential layer, BLIS at one thread.  So results
+never depend on the thread count, whichever library is chosen.
+"""
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+from typing import Dict, List, NamedTuple, Optional
+
+import numpy as np
+import scipy.linalg.cython_blas
+from numba import njit
+from threadpoolctl import threadpool_info
+
+from . import _cache
+from .errors import GraphError
+from .native import BLIS_TYPED, FORTRAN_ILP64, FORTRAN_LP64, data_pointer, gemm
+from .threads import max_threads, single_threaded_blas
+
+NAMES = ("openblas", "mkl", "blis")
+DEFAULT = "openblas"
+MARGIN = 0.03            # another library replaces OpenBLAS only when faster by this much (timings are noisy)
+ENV = "JITGRAPH_BLAS"
+
+# (name, M, N, K, trans_a, trans_b): row-major C (M, N) = op(A) op(B), as models call them
+SHAPE_CLASSES = (
+    ("mlp x @ W", 64, 1024, 1024, 0, 0),
+    ("mlp g @ W^T", 64, 1024, 1024, 0, 1),
+    ("mlp x^T @ g", 1024, 1024, 64, 1, 0),
+    ("gpt x @ W", 1024, 576, 192, 0, 0),
+    ("gpt g @ W^T", 1024, 192, 768, 0, 1),
+    ("gpt x^T @ g", 192, 768, 1024, 1, 0),
+    ("attention q @ k^T", 64, 64, 32, 0, 1),
+    ("attention p @ v", 64, 32, 64, 0, 0),
+)
+TIMED_S = 0.004          # least time of one timed batch of calls
+ROUNDS = 5               # batches per class and library; the fastest counts
+
+
+class Library(NamedTuple):
+    name: str
+    version: str
+    kernel: str          # the code path it runs on this CPU (OpenBLAS's core type, BLIS's arch, MKL's ISA)
+    path: str
+    gemm: Dict[str, int]  # dtype name -> address of its ?gemm
+    kind: int            # native.FORTRAN_LP64 / FORTRAN_ILP64 / BLIS_TYPED
+    setter: int          # OpenBLAS's thread count setter (threads.hold_blas), else 0: one thread process-wide
+
+
+# ---- finding the libraries ---------------------------------------------------------------------
+
+def _address(lib, name) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+
+
+def _capsule_address(capsule) -> int:
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return pointer(capsule, name(capsule))
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def library_of(address: int) -> Optional[str]:
+    """The path of the shared library holding ``address``, or None."""
+    info = _DlInfo()
+    if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return info.dli_fname.decode()
+
+
+def _pool_of(path: str) -> dict:
+    real = os.path.realpath(path)
+    return next((i for i in threadpool_info() if os.path.realpath(i.get("filepath") or "") == real), {})
+
+
+def _openblas() -> Optional[Library]:
+    """numpy's bundled OpenBLAS (64-bit integers; a newer release than scipy's on these
+    machines and 3-9% faster on transformers' shapes, measured), else scipy's."""
+    for info in threadpool_info():
+        path = info.get("filepath") or ""
+        if info.get("internal_api") != "openblas" or "numpy" not in os.path.basename(os.path.dirname(path)):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            gemms = {"float32": _address(lib, "scipy_sgemm_64_"), "float64": _address(lib, "scipy_dgemm_64_")}
+        except (OSError, AttributeError):
+            break
+        local = getattr(lib, "openblas_set_num_threads_local", None)
+        if local is None:
+            single_threaded_blas(path)
+        return Library("openblas", str(info.get("version")), str(info.get("architecture")), path, gemms,
+                       FORTRAN_ILP64, _address(lib, "openblas_set_num_threads_local") if local is not None else 0)
+    capi = scipy.linalg.cython_blas.__pyx_capi__
+    gemms = {"float32": _capsule_address(capi["sgemm"]), "float64": _capsule_address(capi["dgemm"])}
+    path = library_of(gemms["float32"]) or ""
+    setter = 0
+    try:
+        setter = _address(ctypes.CDLL(path), "openblas_set_num_threads_local")
+    except (OSError, AttributeError, TypeError):
+        if path:
+            single_threaded_blas(path)
+    info = _pool_of(path) if path else {}
+    return Library(str(info.get("internal_api") or "openblas"), str(info.get("version")),
+                   str(info.get("architecture")), path, gemms, FORTRAN_LP64, setter)
+
+
+MKL_THREADING_SEQUENTIAL = 1
+MKL_INTERFACE_LP64 = 0
+
+
+def _mkl() -> Optional[Library]:
+    """Intel's MKL from the ``mkl`` wheel (or the system's ``libmkl_rt``), set to its
+    sequential layer before its first call, so it never starts threads of its own."""
+    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+    if not found:
+        name = ctypes.util.find_library("mkl_rt")
+        found = [name] if name else []
+    if not found:
+        return None
+    try:
+        lib = ctypes.CDLL(found[0])
+        lib.MKL_Set_Interface_Layer(MKL_INTERFACE_LP64)
+        layer = lib.MKL_Set_Threading_Layer(MKL_THREADING_SEQUENTIAL)
+        buf = ctypes.create_string_buffer(256)
+        lib.MKL_Get_Version_String(buf, len(buf))
+        gemms = {"float32": _address(lib, "sgemm_"), "float64": _address(lib, "dgemm_")}
+    except (OSError, AttributeError):
+        return None
+    if layer != MKL_THREADING_SEQUENTIAL:        # MKL ran before us, threaded: hold it to one thread
+        single_threaded_blas(found[0])
+    words = buf.value.decode(errors="replace").split()
+    version = next((w for w in words if w[:1].isdigit()), buf.value.decode(errors="replace"))
+    return Library("mkl", version, _mkl_isa(lib), found[0], gemms, FORTRAN_LP64, 0)
+
+
+def _mkl_isa(lib) -> str:
+    """The instruction set MKL's reproducible mode would pick on this CPU (its CNR auto
+    branch, mkl_cbwr.h's codes) -- the code path MKL dispatches to."""
+    branches = {3: "compatible", 4: "sse2", 6: "ssse3", 7: "sse4_1", 8: "sse4_2", 9: "avx", 10: "avx2",
+                11: "avx512_mic", 12: "avx512", 13: "avx512_mic_e1", 14: "avx512_e1"}
+    try:
+        return branches.get(int(lib.mkl_cbwr_get_auto_branch()), "auto")
+    except AttributeError:
+        return "auto"
+
+
+def _blis() -> Optional[Library]:
+    """BLIS from the ``blis`` package (its extension modules hold the whole library), at
+    one thread."""
+    spec = importlib.util.find_spec("blis")
+    if spec is None or not spec.origin:
+        return None
+    found = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "cy*.so")))
+    if not found:
+        return None
+    try:
+        lib = ctypes.CDLL(found[0])
+        gemms = {"float32": _address(lib, "bli_sgemm"), "float64": _address(lib, "bli_dgemm")}
+        lib.bli_thread_set_num_threads(ctypes.c_int64(1))
+        lib.bli_arch_string.restype = ctypes.c_char_p
+        kernel = (lib.bli_arch_string(lib.bli_arch_query_id()) or b"unknown").decode()
+        lib.bli_info_get_version_str.restype = ctypes.c_char_p
+        version = (lib.bli_info_get_version_str() or b"").decode()
+    except (OSError, AttributeError):
+        return None
+    try:
+        version = f"{version} (blis {importlib.metadata.version('blis')})"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return Library("blis", version, kernel, found[0], gemms, BLIS_TYPED, 0)
+
+
+_lock = threading.RLock()
+_found: List[Library] = []
+_chosen: Dict[str, Library] = {}
+_natives: Dict[str, np.ndarray] = {}
+_timings: Dict[str, dict] = {}
+
+
+def available() -> List[Library]:
+    """The BLAS libraries present on this host (OpenBLAS first), found once per process."""
+    with _lock:
+        if not _found:
+            for find in (_openblas, _mkl, _blis):
+                lib = find()
+                if lib is not None and all(lib.gemm.values()):
+                    _found.append(lib)
+        return list(_found)
+
+
+# ---- timing them -------------------------------------------------------------------------------
+
+@njit(cache=True, error_model="numpy")
+def _time_calls(fn, kind, ta, tb, M, N, K, A, B, C, calls):
+    """``calls`` products row-major C (M, N) = op(A) op(B) (the BLAS's column-major C^T)."""
+    lda = M if ta else K
+    ldb = K if tb else N
+    for _ in range(calls):
+        gemm(fn, kind, tb, ta, N, M, K, 1.0, data_pointer(B), ldb, data_pointer(A), lda, 0.0, data_pointer(C), N)
+
+
+def _seconds(lib: Library, dtype, shape, rng) -> float:
+    """Seconds per call of ``lib``'s gemm on one shape class (the fastest of ROUNDS batches)."""
+    _, M, N, K, ta, tb = shape
+    A = rng.standard_normal(K * M if ta else M * K).astype(dtype)
+    B = rng.standard_normal(N * K if tb else K * N).astype(dtype)
+    C = np.empty(M * N, dtype)
+    fn = lib.gemm[np.dtype(dtype).name]
+    _time_calls(fn, lib.kind, ta, tb, M, N, K, A, B, C, 2)              # warm: packing buffers, first touch
+    calls, t = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
+        _time_calls(fn, lib.kind, ta, tb, M, N, K, A, B, C, calls)
+        t = time.perf_counter() - t0
+        if t >= TIMED_S or calls >= 1 << 16:
+            break
+        calls *= 2
+    best = t / calls
+    for _ in range(ROUNDS - 1):
+        t0 = time.perf_counter()
+        _time_calls(fn, lib.kind, ta, tb, M, N, K, A, B, C, calls)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def measure(dtype=np.float32, libraries: Optional[List[Library]] = None) -> dict:
+    """Seconds per call of each library's gemm on each of SHAPE_CLASSES, one thread:
+    ``{library: {class: seconds}}``."""
+    libraries = available() if libraries is None else libraries
+    got: dict = {lib.name: {} for lib in libraries}
+    for shape in SHAPE_CLASSES:                    # libraries side by side per shape: drift hits all alike
+        for lib in libraries:
+            got[lib.name][shape[0]] = _seconds(lib, dtype, shape, np.random.default_rng(0))
+    return got
+
+
+def _score(times: dict) -> Dict[str, float]:
+    """Each library's mean time relative to the fastest, over the shape classes."""
+    best = {c: min(t[c] for t in times.values()) for c in next(iter(times.values()))}
+    return {name: float(np.mean([t[c] / best[c] for c in t])) for name, t in times.items()}
+
+
+def _pick(times: dict) -> str:
+    score = _score(times)
+    fastest = min(score, key=lambda n: score[n])
+    if DEFAULT in score and score[fastest] > score[DEFAULT] * (1 - MARGIN):
+        return DEFAULT
+    return fastest
+
+
+# ---- the choice, cached per host ---------------------------------------------------------------
+
+def _cpuinfo() -> dict:
+    got: dict = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break                          # the first processor's block is enough
+                got.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return got
+
+
+def cpu_description() -> str:
+    """e.g. "AMD EPYC (AuthenticAMD family 25 model 1)"."""
+    info = _cpuinfo()
+    if not info:
+        import platform
+        return platform.processor() or platform.machine()
+    return (f"{info.get('model name', '?')} ({info.get('vendor_id', '?')} family {info.get('cpu family', '?')} "
+            f"model {info.get('model', '?')})")
+
+
+def _cpu() -> str:
+    """The CPU as the choice depends on it: description and a hash of its flags."""
+    return f"{cpu_description()} [{hashlib.sha256(_cpuinfo().get('flags', '').encode()).hexdigest()[:8]}]"
+
+
+def host_key(libraries: List[Library]) -> str:
+    """The CPU (model, flags), each candidate's name, version, kernel, file and size, and
+    the environment variables that steer them (OPENBLAS_CORETYPE picks another kernel)."""
+    parts = [_cpu()] + sorted(f"{k}={v}" for k, v in os.environ.items()
+                              if k.startswith(("OPENBLAS_", "MKL_", "BLIS_", "GOTO_")))
+    for lib in libraries:
+        try:
+            size = os.path.getsize(lib.path)
+        except OSError:
+            size = -1
+        parts.append(f"{lib.name} {lib.version} {lib.kernel} {os.path.realpath(lib.path)} {size}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def choice_file() -> str:
+    return os.path.join(_cache.ROOT, "blas-choice.json")
+
+
+def _load_choices() -> dict:
+    try:
+        with open(choice_file()) as f:
+            got = json.load(f)
+        return got if isinstance(got, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_choice(key: str, entry: dict) -> None:
+    path = choice_file()
+    try:
+        choices = _load_choices()
+        choices[key] = entry
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(choices, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass                                       # a read-only cache: measured again next process
+
+
+def forget_choice() -> None:
+    """Drop this host's cached choices and this process's: the next product times the
+    libraries again."""
+    with _lock:
+        key = host_key(available())
+        choices = {k: v for k, v in _load_choices().items() if not k.startswith(key)}
+        try:
+            tmp = f"{choice_file()}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(choices, f, indent=1)
+            os.replace(tmp, choice_file())
+        except OSError:
+            pass
+        use(None)
+
+
+def _forced(libraries: List[Library]) -> Optional[Library]:
+    want = os.environ.get(ENV, "").strip().lower()
+    if not want:
+        return None
+    for lib in libraries:
+        if lib.name == want:
+            return lib
+    have = ", ".join(lib.name for lib in libraries)
+    known = "" if want in NAMES else f" (known: {', '.join(NAMES)})"
+    raise GraphError(f"{ENV}={os.environ[ENV]!r}: that BLAS is not installed here{known}; present: {have}"
+                     + ("; `pip install \"jitgraph[mkl]\"` adds MKL" if want == "mkl" else "")
+                     + ("; `pip install blis` adds BLIS" if want == "blis" else ""))
+
+
+def chosen(dtype=np.float32) -> Library:
+    """The library every product of ``dtype`` calls in this process: ``JITGRAPH_BLAS``'s,
+    else the cached choice of this host, else the fastest by ``measure`` (then cached)."""
+    name = np.dtype(dtype).name
+    with _lock:
+        lib = _chosen.get(name)
+        if lib is not None:
+            return lib
+        libraries = available()
+        lib = _forced(libraries)
+        if lib is None and len(libraries) == 1:
+            lib = libraries[0]
+        if lib is None:
+            key = f"{host_key(libraries)}-{name}"
+            entry = _load_choices().get(key)
+            if not (isinstance(entry, dict) and entry.get("chosen") in {x.name for x in libraries}):
+                times = measure(dtype, libraries)
+                entry = {"chosen": _pick(times), "cpu": _cpu(), "seconds": times, "score": _score(times),
+                         "libraries": {x.name: f"{x.version} ({x.kernel})" for x in libraries}}
+                _save_choice(key, entry)
+            _timings[name] = entry
+            lib = next(x for x in libraries if x.name == entry["chosen"])
+        _chosen[name] = lib
+        return lib
+
+
+def timings(dtype=np.float32) -> Optional[dict]:
+    """The measurement behind this process's choice for ``dtype`` (None when nothing was
+    timed: one library present, or JITGRAPH_BLAS)."""
+    chosen(dtype)
+    return _timings.get(np.dtype(dtype).name)
+
+
+def use(name: Optional[str]) -> None:
+    """Make programs built from now on call the library ``name`` (None: choose again as
+    ``chosen`` does).  For tests and studies; programs built before keep theirs."""
+    with _lock:
+        _chosen.clear()
+        _natives.clear()
+        _timings.clear()
+        if name is not None:
+            lib = next((x for x in available() if x.name == name), None)
+            if lib is None:
+                raise GraphError(f"blas.use: {name!r} is not installed here; present: "
+                                 + ", ".join(x.name for x in available()))
+            for dtype in ("float32", "float64"):
+                _chosen[dtype] = lib
+
+
+def natives(dtype) -> np.ndarray:
+    """What runners need of the chosen BLAS for ``dtype``, and one constant: [gemm address,
+    the thread count setter (threads.hold_blas) or 0, how to call the gemm (native.*_LP64 /
+    BLIS_TYPED), the most tiles a product is cut into (the thread pool's size, fixed for
+    the process, so results never depend on set_num_threads)]."""
+    name = np.dtype(dtype).name
+    with _lock:
+        got = _natives.get(name)
+        if got is None:
+            lib = chosen(dtype)
+            got = _natives[name] = np.array([lib.gemm[name], lib.setter, lib.kind, max_threads()], np.int64)
+        return got
+
+
+def describe(dtype=np.float32) -> str:
+    """One line: the chosen library, its version and kernel, and why."""
+    lib = chosen(dtype)
+    why = ("forced by " + ENV) if os.environ.get(ENV) else (
+        "the only one present" if len(available()) == 1 else "fastest on this host, measured")
+    others = [x.name for x in available() if x.name != lib.name]
+    return (f"{lib.name} {lib.version} ({lib.kernel} kernels; {why}"
+            + (f"; also present: {', '.join(others)}" if others else "") + ")")
