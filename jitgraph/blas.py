@@ -38,7 +38,7 @@ from threadpoolctl import threadpool_info
 from . import _cache
 from .errors import GraphError
 from .native import BLIS_TYPED, FORTRAN_ILP64, FORTRAN_LP64, data_pointer, gemm
-from .threads import max_threads, single_threaded_blas
+from .threads import held_blas, max_threads, single_threaded_blas
 
 NAMES = ("openblas", "mkl", "blis")
 DEFAULT = "openblas"
@@ -221,19 +221,24 @@ def available() -> List[Library]:
 
 @njit(cache=True, error_model="numpy")
 def _time_calls(fn, kind, ta, tb, M, N, K, A, B, C, calls):
-    """``calls`` products row-major C (M, N) = op(A) op(B) (the BLAS's column-major C^T)."""
+    """``calls`` times: the products row-major C_i (M, N) = op(A_i) op(B_i) of the matrices
+    laid one after another in A, B, C (the BLAS's column-major C^T)."""
     lda = M if ta else K
     ldb = K if tb else N
+    mats = C.size // (M * N)
     for _ in range(calls):
-        gemm(fn, kind, tb, ta, N, M, K, 1.0, data_pointer(B), ldb, data_pointer(A), lda, 0.0, data_pointer(C), N)
+        for i in range(mats):
+            gemm(fn, kind, tb, ta, N, M, K, 1.0, data_pointer(B[i * K * N:]), ldb, data_pointer(A[i * M * K:]), lda,
+                 0.0, data_pointer(C[i * M * N:]), N)
 
 
-def _seconds(lib: Library, dtype, shape, rng) -> float:
-    """Seconds per call of ``lib``'s gemm on one shape class (the fastest of ROUNDS batches)."""
+def _seconds(lib: Library, dtype, shape, rng, matrices: int = 1) -> float:
+    """Seconds of ``lib``'s gemm on one shape class, ``matrices`` distinct products of it
+    (the fastest of ROUNDS batches)."""
     _, M, N, K, ta, tb = shape
-    A = rng.standard_normal(K * M if ta else M * K).astype(dtype)
-    B = rng.standard_normal(N * K if tb else K * N).astype(dtype)
-    C = np.empty(M * N, dtype)
+    A = rng.standard_normal(M * K * matrices).astype(dtype)
+    B = rng.standard_normal(K * N * matrices).astype(dtype)
+    C = np.empty(M * N * matrices, dtype)
     fn = lib.gemm[np.dtype(dtype).name]
     _time_calls(fn, lib.kind, ta, tb, M, N, K, A, B, C, 2)              # warm: packing buffers, first touch
     calls, t = 1, 0.0
@@ -259,7 +264,8 @@ def measure(dtype=np.float32, libraries: Optional[List[Library]] = None) -> dict
     got: dict = {lib.name: {} for lib in libraries}
     for shape in SHAPE_CLASSES:                    # libraries side by side per shape: drift hits all alike
         for lib in libraries:
-            got[lib.name][shape[0]] = _seconds(lib, dtype, shape, np.random.default_rng(0))
+            with held_blas(lib.setter):            # one thread, as in every run
+                got[lib.name][shape[0]] = _seconds(lib, dtype, shape, np.random.default_rng(0))
     return got
 
 
