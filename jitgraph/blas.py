@@ -18,13 +18,13 @@ its own threads, native.py): OpenBLAS through its thread count setter
 never depend on the thread count, whichever library is chosen.
 """
 import ctypes
-import ctypes.util
 import glob
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import sys
 import threading
 import time
@@ -97,15 +97,15 @@ def library_of(address: int) -> Optional[str]:
     return info.dli_fname.decode()
 
 
-def _pool_of(path: str) -> dict:
+def _pool_of(path: str, pools: List[dict]) -> dict:
     real = os.path.realpath(path)
-    return next((i for i in threadpool_info() if os.path.realpath(i.get("filepath") or "") == real), {})
+    return next((i for i in pools if os.path.realpath(i.get("filepath") or "") == real), {})
 
 
-def _openblas() -> Optional[Library]:
+def _openblas(pools: List[dict]) -> Optional[Library]:
     """numpy's bundled OpenBLAS (64-bit integers; a newer release than scipy's on these
     machines and 3-9% faster on transformers' shapes, measured), else scipy's."""
-    for info in threadpool_info():
+    for info in pools:
         path = info.get("filepath") or ""
         if info.get("internal_api") != "openblas" or "numpy" not in os.path.basename(os.path.dirname(path)):
             continue
@@ -128,7 +128,7 @@ def _openblas() -> Optional[Library]:
     except (OSError, AttributeError, TypeError):
         if path:
             single_threaded_blas(path)
-    info = _pool_of(path) if path else {}
+    info = _pool_of(path, pools) if path else {}
     return Library(str(info.get("internal_api") or "openblas"), str(info.get("version")),
                    str(info.get("architecture")), path, gemms, FORTRAN_LP64, setter)
 
@@ -137,15 +137,19 @@ MKL_THREADING_SEQUENTIAL = 1
 MKL_INTERFACE_LP64 = 0
 
 
-def _mkl() -> Optional[Library]:
+def _mkl(pools: List[dict]) -> Optional[Library]:
     """Intel's MKL from the ``mkl`` wheel (or the system's ``libmkl_rt``), set to its
-    sequential layer before its first call, so it never starts threads of its own."""
-    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
-    if not found:
-        name = ctypes.util.find_library("mkl_rt")
-        found = [name] if name else []
+    sequential layer before its first call, so it never starts threads of its own -- unless
+    an MKL is already loaded (numpy or scipy built on it): then that one is the user's, its
+    thread count theirs, and it is no candidate here (scipy's BLAS, the fallback, may be it)."""
+    # where the wheel (or conda) puts it, and LD_LIBRARY_PATH's folders -- not
+    # ctypes.util.find_library, which runs ldconfig and gcc: 0.1 s a process without MKL
+    folders = [os.path.join(sys.prefix, "lib")] + [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    found = [p for d in folders for p in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")))]
     if not found:
         return None
+    if any(i.get("internal_api") == "mkl" for i in pools):
+        return None          # the process's own MKL (numpy's or scipy's): its threads are the user's, left alone
     try:
         lib = ctypes.CDLL(found[0])
         lib.MKL_Set_Interface_Layer(MKL_INTERFACE_LP64)
@@ -155,8 +159,8 @@ def _mkl() -> Optional[Library]:
         gemms = {"float32": _address(lib, "sgemm_"), "float64": _address(lib, "dgemm_")}
     except (OSError, AttributeError):
         return None
-    if layer != MKL_THREADING_SEQUENTIAL:        # MKL ran before us, threaded: hold it to one thread
-        single_threaded_blas(found[0])
+    if layer != MKL_THREADING_SEQUENTIAL:        # initialized threaded before us after all: not ours to use
+        return None
     words = buf.value.decode(errors="replace").split()
     version = next((w for w in words if w[:1].isdigit()), buf.value.decode(errors="replace"))
     return Library("mkl", version, _mkl_isa(lib), found[0], gemms, FORTRAN_LP64, 0)
@@ -173,7 +177,7 @@ def _mkl_isa(lib) -> str:
         return "auto"
 
 
-def _blis() -> Optional[Library]:
+def _blis(pools: List[dict]) -> Optional[Library]:
     """BLIS from the ``blis`` package (its extension modules hold the whole library), at
     one thread."""
     spec = importlib.util.find_spec("blis")
@@ -182,6 +186,8 @@ def _blis() -> Optional[Library]:
     found = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "cy*.so")))
     if not found:
         return None
+    if any(i.get("internal_api") == "mkl" for i in pools):
+        return None          # the process's own MKL (numpy's or scipy's): its threads are the user's, left alone
     try:
         lib = ctypes.CDLL(found[0])
         gemms = {"float32": _address(lib, "bli_sgemm"), "float64": _address(lib, "bli_dgemm")}
@@ -210,8 +216,9 @@ def available() -> List[Library]:
     """The BLAS libraries present on this host (OpenBLAS first), found once per process."""
     with _lock:
         if not _found:
+            pools = threadpool_info()               # the BLAS and OpenMP libraries loaded so far
             for find in (_openblas, _mkl, _blis):
-                lib = find()
+                lib = find(pools)
                 if lib is not None and all(lib.gemm.values()):
                     _found.append(lib)
         return list(_found)
@@ -303,7 +310,6 @@ def cpu_description() -> str:
     """e.g. "AMD EPYC (AuthenticAMD family 25 model 1)"."""
     info = _cpuinfo()
     if not info:
-        import platform
         return platform.processor() or platform.machine()
     return (f"{info.get('model name', '?')} ({info.get('vendor_id', '?')} family {info.get('cpu family', '?')} "
             f"model {info.get('model', '?')})")
@@ -329,7 +335,12 @@ def host_key(libraries: List[Library]) -> str:
 
 
 def choice_file() -> str:
-    return os.path.join(_cache.ROOT, "blas-choice.json")
+    """Where the choices are kept: the user's cache folder (a choice belongs to the host, not
+    to a build, so a new or private compile cache does not time the libraries again), else
+    the compile cache's root."""
+    user = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                        "jitgraph")
+    return os.path.join(user if _cache._writable(user) else _cache.ROOT, "blas-choice.json")
 
 
 def _load_choices() -> dict:

@@ -1,4 +1,4 @@
-"""The ``jitgraph`` command: ``jitgraph demo``, ``jitgraph tour``, ``jitgraph info``, ``jitgraph warmup``, ``jitgraph bench``."""
+"""The jitgraph command: jitgraph demo | tour | info | warmup | bench (jitgraph COMMAND --help for each)."""
 import argparse
 import importlib
 import importlib.util
@@ -10,7 +10,7 @@ import numpy as np
 
 import jitgraph as jg
 
-from . import _cache
+from . import _cache, blas, threads
 from .demo import add_arguments as demo_arguments, main as run_demo
 from .warmup import DTYPES, warmup as fill
 
@@ -65,7 +65,6 @@ def tour(args: argparse.Namespace) -> int:
 
 def info(args: argparse.Namespace) -> int:
     """What jitgraph runs on here: version, CPU, threads, the BLAS chosen and why."""
-    from . import blas, threads
     if args.measure:
         blas.forget_choice()
     print(f"jitgraph {jg.__version__} ({os.path.dirname(os.path.abspath(jg.__file__))})")

@@ -54,6 +54,15 @@ def check_common(report, md, out):
         assert key in env
     assert "OPENBLAS_CORETYPE" in env["env_vars"] and "OPENBLAS_L2_SIZE" in env["env_vars"]
     assert {"numpy", "numba", "scipy", "jitgraph"} <= set(env["versions"])
+    # the truth about the host: CPU vendor, and the BLAS jitgraph chose with its kernel
+    with open("/proc/cpuinfo") as f:
+        vendor = next((line.split(":")[1].strip() for line in f if line.startswith("vendor_id")), None)
+    assert vendor is None or env["cpu_vendor"].startswith(vendor + " family ")
+    from jitgraph import blas
+    chosen = blas.chosen()
+    assert env["jitgraph_blas"]["chosen"] == chosen.name and env["jitgraph_blas"]["kernel"] == chosen.kernel
+    assert f"* jitgraph's products: {chosen.name} {chosen.version} ({chosen.kernel} kernels" in md
+    assert env["cpu_vendor"] in md
 
     a = report["results"]["a"]
     assert {"jitgraph", "numpy"} <= set(a["timing"]["contenders"])

@@ -56,7 +56,7 @@ def test_first_run_notices_warm_run_quiet_and_an_edit_elsewhere_recompiles(tmp_p
     value, err = run_child(tmp_path, cache, quiet=True)
     assert value == 2.0                                # the edit is live
     assert "jitgraph:" not in err                      # JITGRAPH_QUIET=1, although it compiled
-    folders = sorted(p.name for p in (cache / "jitgraph").iterdir())
+    folders = sorted(p.name for p in (cache / "jitgraph").iterdir() if p.is_dir())
     assert len(folders) == 2 and all(f.startswith("k-") for f in folders)
 
 

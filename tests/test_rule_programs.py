@@ -9,12 +9,18 @@ import pytest
 from jitgraph.ir import FIELDS, N_IP
 from jitgraph.ops.conv import PHASES, ConvIP
 from jitgraph.registry import CONV2D
+from jitgraph.simd import WIDE
 
 from . import rule_graphs
 
 EXPECTED = np.load(rule_graphs.FIXTURE)
 CASES = rule_graphs.cases()
 RECORDED = sorted({k.split(":")[0] for k in EXPECTED.files})      # ops added since have no record: nothing to keep
+# The fixture's values were taken on a host with 512-bit vectors (AVX-512, Zen 5).  Convolutions
+# pick their register tiles by the host's vector width (ops/conv.py: simd.WIDE), which changes
+# how their float32 sums round; on a host of the other width their bits are not the record's.
+RECORDED_WIDE = True
+BY_VECTOR_WIDTH = {"conv2d", "conv2d_weight"}
 
 
 def expected(key):
@@ -51,4 +57,10 @@ def test_gradient_graph_and_bits_are_what_they_were(key):
     for field in FIELDS:
         np.testing.assert_array_equal(got[field], want[field], err_msg=field)
     assert got["values"].dtype == want["values"].dtype
+    if WIDE != RECORDED_WIDE and BY_VECTOR_WIDTH & set(got["opname"].tolist()):
+        # another vector width: the same sums in another grouping -- equal to rounding, not in bits
+        scale = np.abs(want["values"]).max()
+        np.testing.assert_allclose(got["values"], want["values"], rtol=0,
+                                   atol=64 * np.finfo(want["values"].dtype).eps * max(scale, 1.0))
+        return
     np.testing.assert_array_equal(got["values"].view(np.uint8), want["values"].view(np.uint8))
