@@ -105,3 +105,15 @@ def test_public_api_is_annotated():
                 if inspect.isfunction(member) and (not attr.startswith("_") or attr == "__init__"):
                     _check_signature(member, f"jitgraph.optim.{klass.__name__}.{attr}")
     assert os.path.exists(os.path.join(PKG, "py.typed"))
+
+
+def test_one_version_number_everywhere():
+    """pip's metadata, ``jitgraph.__version__`` and the bench's records say the same: the
+    project file takes its version from the package."""
+    import importlib.metadata
+    import tomllib
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "jitgraph.__version__"}
+    assert importlib.metadata.version("jitgraph") == jg.__version__
