@@ -2,7 +2,7 @@
 
 LLVM vectorizes a plain loop one vector at a time and keeps a running sum in
 memory; a convolution (a product contracting over channels and kernel taps) runs
-at its full speed only when a tile of outputs -- here 16 vectors -- stays in
+at its full speed only when a tile of outputs -- here 12 or 16 vectors -- stays in
 registers while the whole contraction streams past it.  Numba cannot say "these 16
 vectors live in registers", so the two kernels below are emitted as IR by
 ``numba.extending.intrinsic``: SSA vector values carried by loop phis, one

@@ -4,9 +4,9 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
 
 * **stride 1** (padding at most the kernel's reach): a *direct* product.  x is
   zero-padded once (an ``im2col`` node with a 1x1 kernel: a copy 1.1-1.6x the size of
-  x), then each tile of 4 output channels x 32 output positions of one image (64 with
-  AVX-512's 512-bit vectors) is 16 vector accumulators that stay in registers while the
-  contraction over input channels and kernel taps streams past (simd.fma_tile): the
+  x), then each tile of 4 output channels x 3 rows of 8 output positions of one image
+  (with AVX-512 up to 64 positions of 512-bit vectors) is 12 (16) vector accumulators
+  that stay in registers while the contraction over input channels and kernel taps streams past (simd.fma_tile): the
   windows are read from the padded input as shifted rows, never copied.  A 1x1 stride-1
   convolution without padding reads x itself, all of an image's positions as one row.
 * **stride s > 1** (no dilation): the padded input is split into its s x s *phases*
@@ -17,8 +17,8 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
   kernel): an ``im2col`` node lays every window out, (N, C*kh*kw, OH, OW), and the same
   product runs as a 1x1 convolution on it.
 * The **weight gradient** is one ``conv2d_weight`` node: dW[co, c, i, j] summed over
-  images and positions in one pass (simd.dot_tile: 4 channels x 4 taps of vector
-  partial sums, images taken a cache-sized chunk at a time), never a product per
+  images and positions in one pass (simd.dot_tile: 4 channels x 3 taps of 256-bit or 4
+  taps of 512-bit partial sums, images taken a cache-sized chunk at a time), never a product per
   image and a sum.
 * The **input gradient** is a convolution too: the output gradient padded by
   ``dilation*(k-1) - padding`` and convolved with the weights flipped and transposed
@@ -159,14 +159,17 @@ def conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, dilation: in
 
 # the tiles of the product: (rows of 4 channels or 1) x R rows x V vectors of 256 bits, or
 # scalars; with AVX-512 also of 512 bits (F8 - F11), and F12, whose 512-bit vectors hold
-# two rows of 256 bits each (8 x 8 planes in float32).  Each output element is the same
-# fixed sequence of fused multiply-adds in every tile: the choice changes speed, never a bit.
+# two rows of 256 bits each (8 x 8 planes in float32).  The 256-bit tiles keep at most 12
+# accumulators: AVX2 has 16 vector registers, and 16 accumulators (the 4 x 4 tiles these
+# replaced) spilled -- a ResNet layer's fwd+bwd took 1.5-1.9x as long (Zen 3, measured).
+# Each output element is the same fixed sequence of fused multiply-adds in every tile: the
+# choice changes speed, never a bit.
 B, W = VECTOR_BYTES, WIDE_BYTES
-F0, F1, F2, F3 = fma_tile(4, 1, 4, B), fma_tile(4, 2, 2, B), fma_tile(4, 4, 1, B), fma_tile(4, 1, 1, B)
+F0, F1, F2, F3 = fma_tile(4, 1, 3, B), fma_tile(4, 2, 1, B), fma_tile(4, 3, 1, B), fma_tile(4, 1, 1, B)
 F4, F5, F6, F7 = fma_tile(4, 1, 1, 0), fma_tile(1, 1, 4, B), fma_tile(1, 1, 1, B), fma_tile(1, 1, 1, 0)
 F8, F9, F10, F11 = fma_tile(4, 1, 4, W), fma_tile(4, 2, 2, W), fma_tile(4, 4, 1, W), fma_tile(1, 1, 4, W)
 F12 = fma_tile(4, 4, 1, W, rows=2)
-TILE_SHAPES = ((4, 1, 4, B, 1), (4, 2, 2, B, 1), (4, 4, 1, B, 1), (4, 1, 1, B, 1), (4, 1, 1, 0, 1), (1, 1, 4, B, 1),
+TILE_SHAPES = ((4, 1, 3, B, 1), (4, 2, 1, B, 1), (4, 3, 1, B, 1), (4, 1, 1, B, 1), (4, 1, 1, 0, 1), (1, 1, 4, B, 1),
                (1, 1, 1, B, 1), (1, 1, 1, 0, 1), (4, 1, 4, W, 1), (4, 2, 2, W, 1), (4, 4, 1, W, 1), (1, 1, 4, W, 1),
                (4, 4, 1, W, 2))
 # (channels, vectors down, vectors across, bytes per vector or 0 for scalars, rows per vector), as F0 ... F12
@@ -189,12 +192,12 @@ def pick_tile(channels, OH, OW, L, wide):
         elif OW >= 8 * L:
             return 11
     if channels >= 4:
-        if OW >= 4 * L:
-            return 0
-        if OW >= 2 * L and OH >= 2:
-            return 1
-        if OW >= L and OH >= 4:
+        if OW >= L and OH >= 3:
             return 2
+        if OW >= 3 * L:
+            return 0
+        if OW >= L and OH >= 2:
+            return 1
         return 3 if OW >= L else 4
     if OW >= 4 * L:
         return 5
@@ -380,7 +383,9 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
                                   stride_h=1, stride_w=1, contracted=g.shape[0] * g.shape[2] * g.shape[3]))
 
 
-D0, D1, D2 = dot_tile(4, 4, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES)
+# 4 rows x 3 taps of 256-bit partial sums (12 accumulators fit AVX2's 16 registers; 4 x 4
+# spilled: a ResNet layer's weight gradient 1.6x slower, Zen 3), 4 x 4 scalars or 512-bit ones
+D0, D1, D2 = dot_tile(4, 3, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES)
 
 
 @njit(cache=True, error_model="numpy")
@@ -445,8 +450,9 @@ def weight_blocks(v, n, lo, hi):
                     K = Cr * n_i * n_j
                     ph = 0 if mode == FWD else a * sw + b
                     gp = data_pointer(g[((i0 * Cg) + (grp * Mg + m0) * S_g + ph) * OH * OW:])
-                    for t0 in range(0, K, 4):
-                        kv = min(4, K - t0)
+                    step = 3 if tile == 0 else 4          # taps a tile sums (D0: 3)
+                    for t0 in range(0, K, step):
+                        kv = min(step, K - t0)
                         a0, b0 = _tap(t0, n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Mg, mode)
                         a1, b1 = _tap(min(t0 + 1, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
                                       tj, Mg, mode)
@@ -460,7 +466,7 @@ def weight_blocks(v, n, lo, hi):
                             D2(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
                                Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
                         elif tile == 0:
-                            D0(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
+                            D0(gp, xp, o, (a0, a1, a2), (b0, b1, b2), mv, kv, S_g * OH * OW, om, ni,
                                Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
                         else:
                             D1(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
