@@ -458,3 +458,35 @@ def test_float32_exp_loop_vectorizes():
     vector_ops = re.findall(r"\b(?:fmul|fadd|fsub)\b[^\n]*<(?:8|16) x float>", ir)
     assert vector_ops, "no <8 x float> / <16 x float> arithmetic in the float32 exp loop: it stays scalar"
     assert "@expf" not in ir and "llvm.exp.f32" not in ir, "the loop calls libm's expf"
+
+
+@njit(error_model="numpy", cache=False)
+def _exp_loop(x, o):
+    for i in range(x.size):
+        o[i] = vmath.exp(x[i])
+
+
+@njit(error_model="numpy", cache=False)
+def _cdf_loop(x, o):
+    for i in range(x.size):
+        o[i] = vmath.phi_cdf(x[i])
+
+
+@njit(error_model="numpy", cache=False)
+def _log_loop(x, o):
+    for i in range(x.size):
+        o[i] = vmath.log(x[i])
+
+
+@pytest.mark.parametrize("loop", [_exp_loop, _cdf_loop, _log_loop], ids=["exp", "phi_cdf", "log"])
+def test_float32_math_loops_vectorize_on_avx2(loop):
+    """A loop over the float32 functions compiles to packed 256/512-bit FMAs: no step of them
+    needs an instruction AVX2 lacks (a float <-> int64 conversion kept exp scalar there)."""
+    from llvmlite import binding
+    if not binding.get_host_cpu_features().get("avx2", False):
+        pytest.skip("the host has no AVX2: nothing to vectorize into")
+    x = np.linspace(0.1, 4.0, 64, dtype=np.float32)
+    o = np.empty_like(x)
+    loop(x, o)
+    asm = "\n".join(loop.inspect_asm().values())
+    assert re.search(r"vfmadd\w*ps\s+%[yz]mm", asm), "no packed float32 FMA: the loop did not vectorize"
