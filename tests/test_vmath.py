@@ -478,10 +478,12 @@ def _log_loop(x, o):
         o[i] = vmath.log(x[i])
 
 
-@pytest.mark.parametrize("loop", [_exp_loop, _cdf_loop, _log_loop], ids=["exp", "phi_cdf", "log"])
-def test_float32_math_loops_vectorize_on_avx2(loop):
-    """A loop over the float32 functions compiles to packed 256/512-bit FMAs: no step of them
-    needs an instruction AVX2 lacks (a float <-> int64 conversion kept exp scalar there)."""
+@pytest.mark.parametrize("loop, conversion", [(_exp_loop, "vcvttps2dq"), (_cdf_loop, "vcvttps2dq"),
+                                              (_log_loop, "vcvtdq2ps")], ids=["exp", "phi_cdf", "log"])
+def test_float32_math_loops_vectorize_on_avx2(loop, conversion):
+    """A loop over the float32 functions compiles to packed 256/512-bit code, its float <->
+    integer step included: exp's 2^n once went through float -> int64 conversions, which have
+    no AVX2 instruction, and the loop ran scalar conversions one element at a time."""
     from llvmlite import binding
     if not binding.get_host_cpu_features().get("avx2", False):
         pytest.skip("the host has no AVX2: nothing to vectorize into")
@@ -489,4 +491,5 @@ def test_float32_math_loops_vectorize_on_avx2(loop):
     o = np.empty_like(x)
     loop(x, o)
     asm = "\n".join(loop.inspect_asm().values())
-    assert re.search(r"vfmadd\w*ps\s+%[yz]mm", asm), "no packed float32 FMA: the loop did not vectorize"
+    assert re.search(r"vfmadd\w*ps\s[^\n]*%[yz]mm", asm), "no packed float32 FMA: the loop did not vectorize"
+    assert re.search(conversion + r"\s[^\n]*%[yz]mm", asm), f"no packed {conversion}: the conversion is scalar"
