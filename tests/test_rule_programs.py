@@ -6,6 +6,7 @@ relu-chain workloads, plain and checkpointed (sqrt, revolve, policy, budget)."""
 import numpy as np
 import pytest
 
+from jitgraph import blas
 from jitgraph.ir import FIELDS, N_IP
 from jitgraph.ops.conv import PHASES, ConvIP
 from jitgraph.registry import CONV2D
@@ -21,6 +22,16 @@ RECORDED = sorted({k.split(":")[0] for k in EXPECTED.files})      # ops added si
 # how their float32 sums round; on a host of the other width their bits are not the record's.
 RECORDED_WIDE = True
 BY_VECTOR_WIDTH = {"conv2d", "conv2d_weight"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def recorded_blas():
+    """The record's products ran on OpenBLAS: on a host where another library measures
+    faster (MKL on an Intel CPU) the products would round differently, which is no change
+    of the rules this file guards."""
+    blas.use("openblas")
+    yield
+    blas.use(None)
 
 
 def expected(key):
