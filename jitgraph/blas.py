@@ -177,7 +177,7 @@ def _mkl_isa(lib) -> str:
         return "auto"
 
 
-def _blis(pools: List[dict]) -> Optional[Library]:
+def _blis(_pools: List[dict]) -> Optional[Library]:
     """BLIS from the ``blis`` package (its extension modules hold the whole library), at
     one thread."""
     spec = importlib.util.find_spec("blis")
@@ -186,8 +186,6 @@ def _blis(pools: List[dict]) -> Optional[Library]:
     found = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "cy*.so")))
     if not found:
         return None
-    if any(i.get("internal_api") == "mkl" for i in pools):
-        return None          # the process's own MKL (numpy's or scipy's): its threads are the user's, left alone
     try:
         lib = ctypes.CDLL(found[0])
         gemms = {"float32": _address(lib, "bli_sgemm"), "float64": _address(lib, "bli_dgemm")}

@@ -235,3 +235,13 @@ def test_info_names_the_cpu_and_the_chosen_blas():
     assert f"BLAS for float32: {chosen} " in got.stdout
     for name in LIBRARIES:
         assert f"  {name}: " in got.stdout
+
+
+def test_an_mkl_the_process_already_loaded_is_left_to_its_owner():
+    """numpy or scipy built on MKL: that MKL's threads are the user's, so it is no candidate
+    (jitgraph would set it sequential); the other libraries still are."""
+    loaded = [{"internal_api": "mkl", "filepath": "/somewhere/libmkl_rt.so.2"}]
+    assert blas._mkl(loaded) is None
+    if "blis" in LIBRARIES:
+        assert blas._blis(loaded) is not None
+    assert blas._openblas(loaded) is not None          # scipy's BLAS, whatever it is, stays
