@@ -102,6 +102,18 @@ def _pool_of(path: str, pools: List[dict]) -> dict:
     return next((i for i in pools if os.path.realpath(i.get("filepath") or "") == real), {})
 
 
+def _thread_setter(path: str) -> int:
+    """Address of OpenBLAS's ``openblas_set_num_threads_local`` in the library at ``path``
+    (threads.hold_blas), or 0 -- another BLAS, or OpenBLAS before 0.3.27: then that library
+    is limited to one thread process-wide."""
+    try:
+        return _address(ctypes.CDLL(path), "openblas_set_num_threads_local")
+    except (OSError, AttributeError, TypeError):
+        if path:
+            single_threaded_blas(path)
+        return 0
+
+
 def _openblas(pools: List[dict]) -> Optional[Library]:
     """numpy's bundled OpenBLAS (64-bit integers; a newer release than scipy's on these
     machines and 3-9% faster on transformers' shapes, measured), else scipy's."""
@@ -114,23 +126,14 @@ def _openblas(pools: List[dict]) -> Optional[Library]:
             gemms = {"float32": _address(lib, "scipy_sgemm_64_"), "float64": _address(lib, "scipy_dgemm_64_")}
         except (OSError, AttributeError):
             break
-        local = getattr(lib, "openblas_set_num_threads_local", None)
-        if local is None:
-            single_threaded_blas(path)
         return Library("openblas", str(info.get("version")), str(info.get("architecture")), path, gemms,
-                       FORTRAN_ILP64, _address(lib, "openblas_set_num_threads_local") if local is not None else 0)
+                       FORTRAN_ILP64, _thread_setter(path))
     capi = scipy.linalg.cython_blas.__pyx_capi__
     gemms = {"float32": _capsule_address(capi["sgemm"]), "float64": _capsule_address(capi["dgemm"])}
     path = library_of(gemms["float32"]) or ""
-    setter = 0
-    try:
-        setter = _address(ctypes.CDLL(path), "openblas_set_num_threads_local")
-    except (OSError, AttributeError, TypeError):
-        if path:
-            single_threaded_blas(path)
     info = _pool_of(path, pools) if path else {}
     return Library(str(info.get("internal_api") or "openblas"), str(info.get("version")),
-                   str(info.get("architecture")), path, gemms, FORTRAN_LP64, setter)
+                   str(info.get("architecture")), path, gemms, FORTRAN_LP64, _thread_setter(path))
 
 
 MKL_THREADING_SEQUENTIAL = 1
@@ -290,7 +293,8 @@ def _pick(times: dict) -> str:
 
 # ---- the choice, cached per host ---------------------------------------------------------------
 
-def _cpuinfo() -> dict:
+def cpuinfo() -> dict:
+    """The first processor's fields of /proc/cpuinfo (empty elsewhere)."""
     got: dict = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -306,7 +310,7 @@ def _cpuinfo() -> dict:
 
 def cpu_description() -> str:
     """e.g. "AMD EPYC (AuthenticAMD family 25 model 1)"."""
-    info = _cpuinfo()
+    info = cpuinfo()
     if not info:
         return platform.processor() or platform.machine()
     return (f"{info.get('model name', '?')} ({info.get('vendor_id', '?')} family {info.get('cpu family', '?')} "
@@ -315,7 +319,7 @@ def cpu_description() -> str:
 
 def _cpu() -> str:
     """The CPU as the choice depends on it: description and a hash of its flags."""
-    return f"{cpu_description()} [{hashlib.sha256(_cpuinfo().get('flags', '').encode()).hexdigest()[:8]}]"
+    return f"{cpu_description()} [{hashlib.sha256(cpuinfo().get('flags', '').encode()).hexdigest()[:8]}]"
 
 
 def host_key(libraries: List[Library]) -> str:
@@ -350,11 +354,10 @@ def _load_choices() -> dict:
         return {}
 
 
-def _save_choice(key: str, entry: dict) -> None:
+def _write_choices(choices: dict) -> None:
+    """The choices file, replaced whole (a reader never sees half of it)."""
     path = choice_file()
     try:
-        choices = _load_choices()
-        choices[key] = entry
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(choices, f, indent=1)
@@ -363,19 +366,18 @@ def _save_choice(key: str, entry: dict) -> None:
         pass                                       # a read-only cache: measured again next process
 
 
+def _save_choice(key: str, entry: dict) -> None:
+    choices = _load_choices()
+    choices[key] = entry
+    _write_choices(choices)
+
+
 def forget_choice() -> None:
     """Drop this host's cached choices and this process's: the next product times the
     libraries again."""
     with _lock:
         key = host_key(available())
-        choices = {k: v for k, v in _load_choices().items() if not k.startswith(key)}
-        try:
-            tmp = f"{choice_file()}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(choices, f, indent=1)
-            os.replace(tmp, choice_file())
-        except OSError:
-            pass
+        _write_choices({k: v for k, v in _load_choices().items() if not k.startswith(key)})
         use(None)
 
 

@@ -9,32 +9,22 @@ import numpy as np
 import scipy
 
 import jitgraph
+from jitgraph.blas import cpuinfo
 
 OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
-def _cpuinfo(key):
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() == key:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
 def cpu_model():
-    return _cpuinfo("model name") or platform.processor() or "unknown"
+    return cpuinfo().get("model name") or platform.processor() or "unknown"
 
 
 def cpu_vendor():
     """Vendor, family and model (e.g. "AuthenticAMD family 25 model 1"): the code paths
     BLAS libraries take depend on them."""
-    vendor = _cpuinfo("vendor_id") or platform.machine()
-    family, model = _cpuinfo("cpu family"), _cpuinfo("model")
+    info = cpuinfo()
+    vendor = info.get("vendor_id") or platform.machine()
+    family, model = info.get("cpu family"), info.get("model")
     return f"{vendor} family {family} model {model}" if family else vendor
 
 
