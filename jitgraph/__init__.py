@@ -2,7 +2,8 @@
 checkpoint.  See README.md for a tour."""
 from typing import Callable
 
-from . import _cache  # noqa: F401  -- first: the compiled-code cache folder, before anything is jitted
+from . import _target  # noqa: F401  -- first: the vector width, before Numba sets up its code generator
+from . import _cache  # noqa: F401  -- the compiled-code cache folder, before anything is jitted
 from . import ops, optim  # noqa: F401  -- importing ops declares every op in the op table
 from .autodiff import build_backward, grad, pareto
 from .checkpoint import checkpoint

@@ -10,7 +10,7 @@ import numpy as np
 
 import jitgraph as jg
 
-from . import _cache, blas, threads
+from . import _cache, _target, blas, simd, threads
 from .demo import add_arguments as demo_arguments, main as run_demo
 from .warmup import DTYPES, warmup as fill
 
@@ -70,6 +70,7 @@ def info(args: argparse.Namespace) -> int:
     print(f"jitgraph {jg.__version__} ({os.path.dirname(os.path.abspath(jg.__file__))})")
     print(f"CPU: {blas.cpu_description()}; {threads.max_threads()} threads "
           f"(Numba's {threads.LAYER} layer)")
+    print(f"loops: {_target.describe()}; convolution tiles: {512 if simd.WIDE else 256}-bit")
     print(f"compiled-code cache: {_cache.CACHE_DIR}")
     for dtype in (np.float32, np.float64) if args.measure else (np.float32,):
         print(f"BLAS for {np.dtype(dtype).name}: {blas.describe(dtype)}")

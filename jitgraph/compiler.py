@@ -32,7 +32,7 @@ import numpy as np
 from numba import cfunc, from_dtype, types
 from numba.core.errors import NumbaIRAssumptionWarning
 
-from . import _cache, registry
+from . import _cache, _target, registry
 from ._boot import child_argv
 
 SKIP = -1          # runner entry of an op without a kernel (leaves, views)
@@ -148,7 +148,7 @@ def _live():
 
 def _start_workers(units, claims, n):
     """Start n worker processes on ``units``; each imports this very jitgraph (_boot)."""
-    env = dict(os.environ, JITGRAPH_QUIET="1")
+    env = dict(os.environ, JITGRAPH_QUIET="1", **_target.child_env())
     argv = child_argv("jitgraph.compiler:worker", claims, *(f"{kind}:{code}:{dtype}" for kind, code, dtype in units))
     return [subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for _ in range(n)]
 

@@ -34,6 +34,8 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from . import _target
+
 VECTOR_BYTES = 32            # 256-bit vectors: AVX2, and as fast as 512-bit ones on Zen 4 (measured)
 WIDE_BYTES = 64              # 512-bit vectors: 1.85x the convolutions' speed on Zen 5 (measured)
 
@@ -42,8 +44,9 @@ def _host_has_avx512() -> bool:
     """Do the tiles get 512-bit vectors here?  Not when the user picked a CPU for Numba
     (NUMBA_CPU_NAME: a portable cache; without AVX-512 a 512-bit tile is split in two
     and spills).  Numba's cache records the CPU's features: code compiled with wide
-    tiles never loads on a machine without them."""
-    if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
+    tiles never loads on a machine without them.  (Features jitgraph set itself, _target,
+    are the host's own.)"""
+    if getattr(config, "CPU_NAME", None) or (getattr(config, "CPU_FEATURES", None) and not _target.SET_BY_JITGRAPH):
         return False
     return bool(binding.get_host_cpu_features().get("avx512f", False))
 

@@ -99,6 +99,8 @@ def probe(torch, threads):
     ours = os.path.realpath(lib.path)
     env["jitgraph_blas"] = {"chosen": lib.name, "version": lib.version, "kernel": lib.kernel,
                             "line": jg_blas.describe(np.float32), "measured": jg_blas.timings(np.float32)}
+    from jitgraph import _target
+    env["jitgraph_vectors"] = _target.describe()
     blas = {}
     for p in pools or []:
         if p.get("user_api") == "blas":
@@ -128,6 +130,8 @@ def markdown(env):
                                         or "none of " + ", ".join(env["env_vars"]) + " set")]
     if env.get("jitgraph_blas"):
         L.append(f"* jitgraph's products: {env['jitgraph_blas']['line']}")
+    if env.get("jitgraph_vectors"):
+        L.append(f"* jitgraph's loops: {env['jitgraph_vectors']} vectors")
     for who, b in env["blas"].items():
         L.append(f"* BLAS of {who}: " + ", ".join(f"{k} {v}" for k, v in b.items()
                                                   if v is not None and k != "filepath"))

@@ -63,6 +63,8 @@ def check_common(report, md, out):
     assert env["jitgraph_blas"]["chosen"] == chosen.name and env["jitgraph_blas"]["kernel"] == chosen.kernel
     assert f"* jitgraph's products: {chosen.name} {chosen.version} ({chosen.kernel} kernels" in md
     assert env["cpu_vendor"] in md
+    from jitgraph import _target
+    assert env["jitgraph_vectors"] == _target.describe() and f"* jitgraph's loops: {_target.describe()}" in md
 
     a = report["results"]["a"]
     assert {"jitgraph", "numpy"} <= set(a["timing"]["contenders"])

@@ -230,7 +230,7 @@ def test_info_names_the_cpu_and_the_chosen_blas():
     got = subprocess.run([sys.executable, "-m", "jitgraph", "info"], cwd=REPO, env=subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
-    assert "CPU: " in got.stdout and "BLAS for float32: " in got.stdout
+    assert "CPU: " in got.stdout and "BLAS for float32: " in got.stdout and "loops: " in got.stdout
     chosen = blas.chosen(np.float32).name
     assert f"BLAS for float32: {chosen} " in got.stdout
     for name in LIBRARIES:
