@@ -16,7 +16,8 @@ that come while workers run (build_backward's, after build_forward's) are handed
 them as a batch file in the claims folder rather than to a new process.
 This process then loads the workers' units from the cache.  The markers also
 say, without compiling anything, which units a first run will have to compile:
-that is when a one-line notice goes to stderr (``JITGRAPH_QUIET=1`` hides it).
+that is when the compile line (CompileLine: one line, units done / known and the time) goes
+to stderr (``JITGRAPH_QUIET=1`` hides it).
 """
 import atexit
 import os
@@ -115,9 +116,108 @@ def quiet() -> bool:
     return os.environ.get("JITGRAPH_QUIET", "").strip() not in ("", "0")
 
 
+def _bar_open() -> bool:
+    """Is a tqdm bar on screen (a training loop's)?  Then a line goes above it (tqdm.write),
+    never into it."""
+    tqdm = sys.modules.get("tqdm")
+    return bool(tqdm is not None and getattr(getattr(tqdm, "tqdm", None), "_instances", None))
+
+
 def notice(message: str) -> None:
-    if not quiet():
+    if quiet():
+        return
+    if _bar_open():
+        sys.modules["tqdm"].tqdm.write(f"jitgraph: {message}", file=sys.stderr)
+    else:
         print(f"jitgraph: {message}", file=sys.stderr, flush=True)
+
+
+class CompileLine:
+    """The one line a process's compiling gets on stderr.  Units join it as the graph
+    passes find them (in the background) and as runs need them; it opens with the first,
+    says units done / known and the time since it opened -- in place, on a terminal with no
+    progress bar on it; elsewhere once at the start -- and closes, with the total and the
+    time, when every unit it knows is compiled.  Nothing compiles, nothing is said."""
+    EVERY_S = 0.25                 # in-place updates at most this often
+
+    def __init__(self):
+        self.units: dict = {}       # unit -> None, in the order they came
+        self.start = 0.0
+        self.shown = 0.0
+        self.processes = 1
+        self.live = False           # the last thing written is this line, unfinished
+        self.lock = threading.RLock()
+
+    def _text(self, done: bool) -> str:
+        dtypes = " and ".join(dict.fromkeys(u[2] for u in self.units))
+        n, seconds = len(self.units), time.perf_counter() - self.start
+        if done:
+            return f"compiled {n} kernels for {dtypes} in {seconds:.1f} s"
+        ready = sum(is_cached(*u) for u in self.units)
+        ways = f", {self.processes} processes" if self.processes > 1 else ""
+        return f"compiling {n} kernels for {dtypes} (first run only{ways})... {ready}/{n}, {seconds:.1f} s"
+
+    def _in_place(self) -> bool:
+        return sys.stderr.isatty() and not _bar_open()
+
+    def add(self, units, processes: int) -> None:
+        new = [u for u in units if u not in self.units]
+        if not new:
+            return
+        opening = not self.units
+        if opening:
+            self.start = time.perf_counter()
+        self.units.update(dict.fromkeys(new))
+        self.processes = max(self.processes, processes)
+        if opening or self._in_place():
+            self._show()
+
+    def _show(self) -> None:
+        if quiet():
+            return
+        with self.lock:
+            if self._in_place():
+                print(f"\r\x1b[Kjitgraph: {self._text(False)}", file=sys.stderr, end="", flush=True)
+                if not self.live:
+                    self.live = True
+                    threading.Thread(target=self._ticker, daemon=True).start()
+            else:
+                notice(self._text(False).rsplit("... ", 1)[0] + "...")
+            self.shown = time.perf_counter()
+
+    def _ticker(self) -> None:
+        """On a terminal: the time goes on while this process compiles the graph passes
+        (which are not units) between the workers' units."""
+        while self.live:
+            time.sleep(self.EVERY_S)
+            self.tick()
+
+    def tick(self) -> None:
+        """While this process waits on units: the count and the time, in place."""
+        if self.units and self._in_place() and time.perf_counter() - self.shown >= self.EVERY_S:
+            self._show()
+
+    def close_if_done(self) -> None:
+        with self.lock:
+            if not self.units or not all(is_cached(*u) for u in self.units):
+                return
+            if not quiet():
+                if self.live and self._in_place():
+                    print(f"\r\x1b[Kjitgraph: {self._text(True)}", file=sys.stderr, flush=True)
+                else:
+                    notice(self._text(True))
+            self.units, self.live = {}, False
+
+    def end_line(self) -> None:
+        """At exit: a line left open gets its newline."""
+        with self.lock:
+            if self.live and not quiet():
+                print(file=sys.stderr, flush=True)
+            self.live = False
+
+
+_line = CompileLine()
+atexit.register(_line.end_line)
 
 
 WORKER_IDLE_S = 2.0                # a worker with nothing to claim waits this long for another batch
@@ -199,23 +299,23 @@ def _order(units):
     return sorted(dict.fromkeys(units), key=lambda unit: registry.OPS[unit[1]].family == "unary")
 
 
-def compile_units(units, what: str) -> list:
+def compile_units(units) -> list:
     """Addresses of the callbacks of ``units`` ((kind, code, dtype) triples), compiled
     across processes when more than one is not in the cache yet."""
     fresh = [u for u in units if not is_cached(*u)]
     addresses = {}
     if fresh:
-        start = time.perf_counter()
         workers = _spawn(fresh) if len(fresh) > 1 else len(_live())
-        notice(f"compiling {len(fresh)} {what} (first run only"
-               + (f", {workers + 1} processes" if workers else "") + ")...")
+        _line.add(fresh, workers + 1)
         claims = _claims()
         for unit in _order(fresh):
             if _claim(claims, unit):
                 addresses[unit] = _compile_unit(*unit)
+                _line.tick()
         while _live() and not all(is_cached(*u) for u in fresh):    # units the workers claimed
             time.sleep(0.02)
-        notice(f"compiled {len(fresh)} {what} in {time.perf_counter() - start:.1f} s")
+            _line.tick()
+    _line.close_if_done()
     # the workers' units load from the cache; a unit a worker did not finish compiles here
     return [addresses[u] if u in addresses else _compile_unit(*u) for u in units]
 
@@ -242,10 +342,11 @@ def prefetch(dtype, codes) -> None:
         return
     name = np.dtype(dtype).name
     kernels = _new_units(name, codes)
+    kernels = [u for u in kernels if u not in _line.units]      # already on their way
     if kernels:
         with _lock:
-            _spawn(kernels)
-        notice(f"compiling {len(kernels)} kernels for {name} in the background (first run only)...")
+            workers = _spawn(kernels)
+            _line.add(kernels, workers + 1)
 
 
 def _table(kind, dtype):
@@ -274,7 +375,7 @@ def tables(dtype, codes, chunk_codes=()):
     if any(by_kind[k][c] == MISSING for k, c in wanted):
         with _lock:
             units = [(k, c, dtype.name) for k, c in wanted if by_kind[k][c] == MISSING]
-            for (kind, code, _), address in zip(units, compile_units(units, f"kernels for {dtype.name}")):
+            for (kind, code, _), address in zip(units, compile_units(units)):
                 by_kind[kind][code] = address
     return by_kind["run"], by_kind["chunk"]
 

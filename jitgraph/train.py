@@ -66,8 +66,6 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Dict[Tensor, Any], epo
     n_rows = len(next(iter(data.values())))
     per_epoch = n_rows // batch_size
     bar = None
-    if progress:
-        bar = tqdm(total=epochs * per_epoch, desc=desc, unit="step", leave=False)
     losses: List[float] = []
     running = None
     try:
@@ -77,8 +75,13 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Dict[Tensor, Any], epo
                 optimizer.step()
                 losses.append(loss)
                 running = loss if running is None else 0.95 * running + 0.05 * loss
-                if bar is not None:
+                if progress and bar is None:
+                    # the bar opens after the first step: what compiles then has its own line
+                    # (compiler.CompileLine), and the rate and ETA count the steps after it
+                    bar = tqdm(total=epochs * per_epoch, initial=1, desc=desc, unit="step", leave=False)
+                elif bar is not None:
                     bar.update(1)
+                if bar is not None:
                     bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
     finally:
         if bar is not None:

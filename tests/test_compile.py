@@ -2,6 +2,7 @@
 first run, compile units shared with worker processes, and ``jitgraph warmup``."""
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -119,7 +120,7 @@ def test_units_a_dead_worker_left_compile_here(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(compiler, "_start_workers", dead_workers)
     codes = [registry.BY_NAME[name].code for name in ("neg", "abs", "sqrt")]
     units = [("run", c, "float64") for c in codes]
-    addresses = compiler.compile_units(units, "kernels for float64")
+    addresses = compiler.compile_units(units)
     assert started == [(3, 1)]
     assert all(a != 0 for a in addresses)
     assert all(compiler.is_cached(*u) for u in units)
@@ -278,3 +279,138 @@ def test_a_worker_compiles_the_batches_that_come_then_exits_when_idle(tmp_path, 
     assert claimed == sorted("-".join(map(str, u)) for u in [("run", neg, "float64")] + batch)
     assert all(compiler.is_cached(*u) for u in [("run", neg, "float64")] + batch)
     assert compiler.worker([str(tmp_path / "gone")]) == 0              # no claims folder: returns at once
+
+
+# ---- the compile line ---------------------------------------------------------------------------
+UNITS = [("run", registry.BY_NAME[name].code, "float32") for name in ("neg", "abs", "sqrt")]
+
+
+class Terminal:
+    """A stand-in for stderr on a terminal."""
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def _cached(monkeypatch, done):
+    monkeypatch.setattr(compiler, "is_cached", lambda kind, code, dtype: (kind, code, dtype) in done)
+    monkeypatch.delenv("JITGRAPH_QUIET", raising=False)
+
+
+def test_the_compile_line_is_said_once_off_a_terminal(monkeypatch, capsys):
+    """Units that come in three batches (forward, backward, a run) and a unit given twice:
+    one line when compiling starts, one when all is compiled, with the total."""
+    done = set()
+    _cached(monkeypatch, done)
+    line = compiler.CompileLine()
+    line.add(UNITS[:2], 2)
+    line.add(UNITS[2:], 2)
+    line.add(UNITS[:1], 2)
+    line.tick()
+    done.update(UNITS[:2])
+    line.close_if_done()                      # one unit is still compiling: not closed
+    done.update(UNITS)
+    line.close_if_done()
+    line.close_if_done()                      # closed once
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "jitgraph: compiling 2 kernels for float32 (first run only, 2 processes)..."
+    assert len(err) == 2 and err[1].startswith("jitgraph: compiled 3 kernels for float32 in ")
+
+
+def test_the_compile_line_counts_in_place_on_a_terminal(monkeypatch):
+    done = set()
+    _cached(monkeypatch, done)
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    line = compiler.CompileLine()
+    line.EVERY_S = 0.0
+    line.add(UNITS, 1)
+    done.add(UNITS[0])
+    line.tick()
+    done.update(UNITS)
+    line.close_if_done()
+    shown = term.text.split("\r\x1b[K")[1:]
+    assert shown[0].startswith("jitgraph: compiling 3 kernels for float32 (first run only)... 0/3, ")
+    assert shown[1].startswith("jitgraph: compiling 3 kernels for float32 (first run only)... 1/3, ")
+    assert shown[-1].startswith("jitgraph: compiled 3 kernels for float32 in ") and shown[-1].endswith(" s\n")
+    assert term.text.count("\n") == 1         # one line, rewritten
+
+
+def test_the_compile_line_goes_above_an_open_progress_bar(monkeypatch):
+    """With a training bar on the terminal, the line is written above it (tqdm.write), whole,
+    never into the bar's line."""
+    from tqdm.auto import tqdm
+    done = set()
+    _cached(monkeypatch, done)
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    bar = tqdm(total=10, file=term)
+    try:
+        line = compiler.CompileLine()
+        line.add(UNITS, 2)
+        line.tick()
+        done.update(UNITS)
+        line.close_if_done()
+    finally:
+        bar.close()
+    lines = re.split(r"[\r\n]", term.text)    # the bar redraws with \r; the line is a segment of its own
+    assert "jitgraph: compiling 3 kernels for float32 (first run only, 2 processes)..." in lines
+    assert any(s.startswith("jitgraph: compiled 3 kernels for float32 in ") for s in lines)
+    assert "\x1b[K" + "jitgraph" not in term.text
+
+
+def test_prefetch_hands_each_unit_out_once(monkeypatch, capsys):
+    """Building several programs with the same new ops (a bench, a notebook) starts their
+    compiles once and says so once."""
+    _cached(monkeypatch, set())
+    spawned = []
+    monkeypatch.setattr(compiler, "_line", compiler.CompileLine())
+    monkeypatch.setattr(compiler, "compile_workers", lambda n: 1)
+    monkeypatch.setattr(compiler, "_new_units", lambda name, codes: [u for u in UNITS if u[1] in codes])
+    monkeypatch.setattr(compiler, "_spawn", lambda units: spawned.append(list(units)) or 1)
+    codes = [u[1] for u in UNITS]
+    compiler.prefetch(np.float32, codes[:2])
+    compiler.prefetch(np.float32, codes[:2])
+    compiler.prefetch(np.float32, codes)
+    assert spawned == [UNITS[:2], UNITS[2:]]
+    assert capsys.readouterr().err.count("jitgraph: compiling") == 1
+
+
+def test_the_training_bar_opens_after_the_first_step(monkeypatch):
+    """The first step is where a first run compiles: the bar starts after it (initial=1), so
+    its rate and ETA count only steps that did not compile."""
+    training = sys.modules["jitgraph.train"]
+    made = []
+
+    class Bar:
+        def __init__(self, **kw):
+            made.append((len(losses_seen), kw))
+
+        def update(self, k):
+            pass
+
+        def set_postfix(self, **kw):
+            pass
+
+        def close(self):
+            pass
+    monkeypatch.setattr(training, "tqdm", Bar)
+    g = jg.Graph(np.float32)
+    x = g.input((4, 3), name="x")
+    w = g.param(np.ones((3, 2), np.float32), name="w")
+    bwd = jg.build_backward(jg.build_forward(jg.sum(jg.relu(x @ w))))
+    losses_seen = []
+    real_run = bwd.run
+    monkeypatch.setattr(bwd, "run", lambda feeds, seed=None: losses_seen.append(1) or real_run(feeds, seed=seed))
+    losses = jg.train(bwd, jg.optim.SGD([w], lr=0.1), {x: np.ones((12, 3), np.float32)}, epochs=1)
+    assert len(losses) == 3
+    assert made == [(1, dict(total=3, initial=1, desc="train", unit="step", leave=False))]
