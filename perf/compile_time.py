@@ -18,6 +18,7 @@ from .harness import Target, Workload
 from .report import fmt_s, md_table
 
 PAIRS = 3                   # cold+warm process pairs per program (medians of 3)
+QUICK_PAIRS = 2             # --quick: warm processes only (bench --quick stays under 30 s)
 PHASES = ("import_s", "build_forward_s", "build_backward_s", "first_run_s", "step_s")
 FIGURES = ("wall_s", "first_gradient_s") + PHASES
 
@@ -114,8 +115,8 @@ def run(ctx):
         # one process of each that fills that cache if it is empty
         mlp_process(None, ctx.threads)
         demo_process(None, ctx.threads, epochs)
-        for r in range(PAIRS):
-            ctx.note(f"warm processes {r + 1}/{PAIRS}")
+        for r in range(QUICK_PAIRS):
+            ctx.note(f"warm processes {r + 1}/{QUICK_PAIRS}")
             runs["mlp warm"].append(mlp_process(None, ctx.threads))
             runs["demo warm"].append(demo_process(None, ctx.threads, epochs))
         cache = "the default cache (next to the package, or NUMBA_CACHE_DIR)"
