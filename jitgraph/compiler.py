@@ -158,7 +158,8 @@ class CompileLine:
         return f"compiling {n} kernels for {dtypes} (first run only{ways})... {ready}/{n}, {seconds:.1f} s"
 
     def _in_place(self) -> bool:
-        return sys.stderr.isatty() and not _bar_open()
+        isatty = getattr(sys.stderr, "isatty", None)       # a replaced stderr may have none
+        return bool(isatty and isatty()) and not _bar_open()
 
     def add(self, units, processes: int) -> None:
         new = [u for u in units if u not in self.units]

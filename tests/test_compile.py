@@ -109,6 +109,7 @@ def test_units_a_dead_worker_left_compile_here(tmp_path, monkeypatch, capsys):
     for p in compiler._live():                      # workers an earlier test started
         p.wait()
     monkeypatch.setattr(compiler, "DONE_DIR", str(tmp_path / "compiled"))   # every unit looks new
+    monkeypatch.setattr(compiler, "_line", compiler.CompileLine())          # earlier tests' units look new too
     monkeypatch.setenv("JITGRAPH_COMPILE_WORKERS", "1")
     monkeypatch.delenv("JITGRAPH_QUIET", raising=False)
     started = []
