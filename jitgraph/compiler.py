@@ -316,9 +316,10 @@ def compile_units(units) -> list:
         while _live() and not all(is_cached(*u) for u in fresh):    # units the workers claimed
             time.sleep(0.02)
             _line.tick()
-    _line.close_if_done()
     # the workers' units load from the cache; a unit a worker did not finish compiles here
-    return [addresses[u] if u in addresses else _compile_unit(*u) for u in units]
+    out = [addresses[u] if u in addresses else _compile_unit(*u) for u in units]
+    _line.close_if_done()
+    return out
 
 
 def _new_units(dtype, codes):
