@@ -148,14 +148,15 @@ class CompileLine:
         self.live = False           # the last thing written is this line, unfinished
         self.lock = threading.RLock()
 
-    def _text(self, done: bool) -> str:
+    def _text(self, done: bool, counts: bool = True) -> str:
+        """The closing text, or the opening one (with ready / known and the time: ``counts``)."""
         dtypes = " and ".join(dict.fromkeys(u[2] for u in self.units))
         n, seconds = len(self.units), time.perf_counter() - self.start
         if done:
             return f"compiled {n} kernels for {dtypes} in {seconds:.1f} s"
-        ready = sum(is_cached(*u) for u in self.units)
         ways = f", {self.processes} processes" if self.processes > 1 else ""
-        return f"compiling {n} kernels for {dtypes} (first run only{ways})... {ready}/{n}, {seconds:.1f} s"
+        text = f"compiling {n} kernels for {dtypes} (first run only{ways})..."
+        return f"{text} {sum(is_cached(*u) for u in self.units)}/{n}, {seconds:.1f} s" if counts else text
 
     def _in_place(self) -> bool:
         isatty = getattr(sys.stderr, "isatty", None)       # a replaced stderr may have none
@@ -183,7 +184,7 @@ class CompileLine:
                     self.live = True
                     threading.Thread(target=self._ticker, daemon=True).start()
             else:
-                notice(self._text(False).rsplit("... ", 1)[0] + "...")
+                notice(self._text(False, counts=False))
             self.shown = time.perf_counter()
 
     def _ticker(self) -> None:
