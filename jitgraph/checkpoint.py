@@ -534,10 +534,13 @@ def _checkpoint_ids(graph, order, checkpoints, loss):
             raise GraphError(f"build_backward: checkpoints must be Tensors, got {type(t).__name__}")
         if t.graph is not graph:
             raise GraphError(f"build_backward: checkpoint {t.label!r} belongs to a different graph")
-        if t.id not in in_order:
+        t_id = t.id       # a transpose outside the order is read through (attention reads heads as they lie)
+        while t_id not in in_order and int(graph.nodes.op[t_id]) == registry.TRANSPOSE:
+            t_id = int(graph.nodes.src[t_id, 0])
+        if t_id not in in_order:
             raise GraphError(f"build_backward: checkpoint {t.label!r} is not in the forward graph of "
                              f"loss {loss.label!r}")
-        ids.append(t.id)
+        ids.append(t_id)
     return ids
 
 

@@ -170,6 +170,83 @@ def test_results_do_not_depend_on_the_thread_count(causal, blocks):
                                atol=1e-4)
 
 
+def _split_heads_model(dtype, read_as_they_lie, B=2, T=9, Tk=11, H=3, d=4, causal=True, seed=6):
+    """Heads split from (B, T, H d) projections by reshape + transpose (0, 2, 1, 3), attention,
+    the transpose back: (bwd, params, its node table's ops)."""
+    A.READ_HEADS_AS_THEY_LIE = read_as_they_lie
+    try:
+        rng = np.random.default_rng(seed)
+        g = jg.Graph(dtype)
+        x = g.param(rng.standard_normal((B, T, H * d)), name="x")
+        m = g.param(rng.standard_normal((B, Tk, H * d)), name="m")
+        split = lambda t, n: jg.transpose(jg.reshape(t, (B, n, H, d)), (0, 2, 1, 3))      # noqa: E731
+        o = jg.attention(split(jg.tanh(x), T), split(m, Tk), split(jg.sqr(m), Tk), causal=causal)
+        y = jg.reshape(jg.transpose(o, (0, 2, 1, 3)), (B, T, H * d))
+        loss = jg.sum(jg.sqr(y + x) * g.const(np.cos(np.arange(y.size)).reshape(y.shape)))
+        bwd = jg.build_backward(jg.build_forward(loss))
+    finally:
+        A.READ_HEADS_AS_THEY_LIE = True
+    return bwd, (x, m), [r["op"] for r in bwd.nodes()]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_heads_are_read_as_they_lie_with_the_same_bits(dtype, causal, blocks):
+    """Attention reads (B, T, H, d) heads by row strides: no transpose node forward or
+    backward, and the loss and gradients of the transposing program, bit for bit."""
+    results = {}
+    for lie in (True, False):
+        bwd, params, ops = _split_heads_model(dtype, lie, causal=causal)
+        results[lie] = [np.asarray(bwd.run())] + [bwd.grad(p).copy() for p in params]
+        assert ("transpose" in ops) is not lie, ops
+        assert ops.count("attention") == ops.count("attention_d") == 1
+    for a, b in zip(results[True], results[False]):
+        assert np.any(a != 0) and a.tobytes() == b.tobytes()
+
+
+def test_split_heads_gradients_match_finite_differences():
+    B, T, H, d = 2, 5, 2, 3
+
+    def f(x, m):
+        split = lambda t: jg.transpose(jg.reshape(t, (B, T, H, d)), (0, 2, 1, 3))      # noqa: E731
+        o = jg.attention(split(x), split(m), split(jg.tanh(m)), causal=True)
+        return jg.reshape(jg.transpose(o, (0, 2, 1, 3)), (B, T, H * d))
+    rng = np.random.default_rng(7)
+    xa, ma = rng.standard_normal((B, T, H * d)), rng.standard_normal((B, T, H * d))
+    res = jg.check_grads(f, [xa, ma])
+    assert res.ok and res.n_checked == xa.size + ma.size, res
+
+
+def test_split_heads_do_not_depend_on_the_thread_count():
+    bwd, params, ops = _split_heads_model(np.float32, True, B=2, T=130, Tk=130, H=4, d=16)
+    assert "transpose" not in ops
+    got = {}
+    try:
+        for n in (1, 2):
+            jg.set_num_threads(n)
+            got[n] = [np.asarray(bwd.run()).copy()] + [bwd.grad(p).copy() for p in params]
+    finally:
+        jg.set_num_threads()
+    for a, b in zip(got[1], got[2]):
+        assert np.all(np.isfinite(a)) and a.tobytes() == b.tobytes()
+
+
+def test_a_transpose_undone_is_its_source_and_a_checkpoint_on_a_split_head_works():
+    g = jg.Graph(np.float64)
+    x = g.param(np.arange(24.0).reshape(2, 3, 4), name="x")
+    t = jg.transpose(x, (1, 2, 0))
+    assert jg.transpose(t, (2, 0, 1)).id == x.id                  # the inverse: x, no copy
+    other = jg.transpose(t, (1, 0, 2))                            # not the inverse: a transpose
+    assert other.id != x.id and other.shape == (4, 3, 2)
+    np.testing.assert_array_equal(jg.build_forward(other).run(), x.value.transpose(2, 1, 0))
+    _, x_, _, loss, q = _block(np.float64)                        # q: a split head attention reads through
+    plain = jg.build_backward(jg.build_forward(loss))
+    kept = jg.build_backward(jg.build_forward(loss), checkpoints=[q])
+    assert kept.stats()["n_recomputed"] > 0
+    xv = np.random.default_rng(8).standard_normal(x_.shape)
+    assert np.asarray(plain.run({x_: xv})).tobytes() == np.asarray(kept.run({x_: xv})).tobytes()
+
+
 def _planned_sizes(fused, causal, B=1, H=4, T=1024, d=64):
     """(the most elements per head of a tensor in the fwd+bwd plan, its peak bytes)."""
     g = jg.Graph(np.float32)

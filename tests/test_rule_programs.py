@@ -3,6 +3,8 @@ exactly what the jitted rules of the tree before built (tests/fixtures/rule_grap
 recorded at 8490958 by tests/rule_graphs.py): for every case of tests/naive.py, first
 and second order and without the zero table, and for the GPT, ResNet, char-GPT and
 relu-chain workloads, plain and checkpointed (sqrt, revolve, policy, budget)."""
+import importlib
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from jitgraph.simd import WIDE
 
 from . import rule_graphs
 
+ATTENTION_MODULE = importlib.import_module("jitgraph.ops.attention")
 EXPECTED = np.load(rule_graphs.FIXTURE)
 CASES = rule_graphs.cases()
 RECORDED = sorted({k.split(":")[0] for k in EXPECTED.files})      # ops added since have no record: nothing to keep
@@ -61,7 +64,9 @@ def test_every_recorded_case_is_still_built():
 
 
 @pytest.mark.parametrize("key", RECORDED)
-def test_gradient_graph_and_bits_are_what_they_were(key):
+def test_gradient_graph_and_bits_are_what_they_were(key, monkeypatch):
+    if key.startswith("chargpt."):      # recorded before attention read the heads as they lie (test_attention)
+        monkeypatch.setattr(ATTENTION_MODULE, "READ_HEADS_AS_THEY_LIE", False)
     want = expected(key)
     got = rule_graphs.snapshot(CASES[key])
     if "error" in want or "error" in got:

@@ -48,19 +48,24 @@ from ..errors import GraphError
 from ..graph import Tensor
 from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_KIND, data_pointer, gemm,
                       operand, output, run_view, span)
-from ..registry import ATTENTION, ATTENTION_D, COMPUTE, CUSTOM, DOT, DOT_K, defop, slots
+from ..registry import ATTENTION, ATTENTION_D, COMPUTE, CUSTOM, DOT, DOT_K, TRANSPOSE, defop, slots
 from ..rules import either, op
 from ..status import OK
 from .. import vmath
 from ..vmath import in_dtype_of
 from .reduce import rowsum
+from .shape import TransposeIP, transpose
 
 
 class AttentionIP(IntEnum):      # attention and attention_d
     causal = 0
     block_rows = 1               # query rows per block (BR)
     block_keys = 2               # keys per block (KB)
+    layout = 3                   # HEADS_FIRST (..., H, T, d) or TOKENS_FIRST (B, T, H, d)
     contracted = DOT_K           # the cost model's contracted length
+
+
+HEADS_FIRST, TOKENS_FIRST = 0, 1
 
 
 class AttentionFP(IntEnum):
@@ -69,6 +74,10 @@ class AttentionFP(IntEnum):
 BLOCK_ROWS = 128         # query rows per block (the forward's unit of work)
 BLOCK_ROWS_CAUSAL = 64   # causal: fewer wasted scores above the diagonal (B, H, T, d = 8, 6, 128, 32: 14% faster)
 BLOCK_KEYS = 2048        # keys per block; the scores' scratch is BLOCK_KEYS x BLOCK_ROWS (T = 2048: 12% over 1024)
+# q, k and v that are transposes (0, 2, 1, 3) of (B, T, H, d) tensors -- a model's heads split
+# from its projections -- are read as they lie, by row strides (TOKENS_FIRST): no transpose
+# copies forward or backward (4% of a char GPT's step, Intel Xeon).  Read when a node is built.
+READ_HEADS_AS_THEY_LIE = True
 
 
 # ---- building ------------------------------------------------------------------------------------
@@ -96,11 +105,20 @@ def _scale(scale: Optional[float], d: int, what: str) -> float:
     return float(scale)
 
 
-def _params(causal: bool, contracted: int) -> tuple:
+def _params(causal: bool, contracted: int, layout: int = HEADS_FIRST) -> tuple:
     if not isinstance(causal, (bool, np.bool_)):
         raise GraphError(f"attention: causal must be True or False, got {causal!r}")
     rows = BLOCK_ROWS_CAUSAL if causal else BLOCK_ROWS
-    return slots(AttentionIP, causal=int(causal), block_rows=rows, block_keys=BLOCK_KEYS, contracted=contracted)
+    return slots(AttentionIP, causal=int(causal), block_rows=rows, block_keys=BLOCK_KEYS, layout=layout,
+                 contracted=contracted)
+
+
+def _tokens_first(t: Tensor) -> Optional[Tensor]:
+    """The (B, T, H, d) tensor that ``t`` (B, H, T, d) is the transpose (0, 2, 1, 3) of, else None."""
+    nodes = t.graph.nodes
+    if t.ndim != 4 or nodes._m_op[t.id] != TRANSPOSE or [int(nodes.ip[t.id, p]) for p in TransposeIP] != [0, 2, 1, 3]:
+        return None
+    return Tensor(t.graph, int(nodes.src[t.id, 0]))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None) -> Tensor:
@@ -112,7 +130,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     _check("attention", q, k, v)
     s = _scale(scale, q.shape[-1], "attention")
     tk = k.shape[-2]
-    return q.graph._node(ATTENTION, (q.id, k.id, v.id), q.shape, ip=_params(causal, tk if causal else 2 * tk),
+    contracted = tk if causal else 2 * tk
+    lying = [_tokens_first(t) for t in (q, k, v)] if READ_HEADS_AS_THEY_LIE else [None]
+    if all(t is not None for t in lying):       # heads read where the projections wrote them
+        qt, kt, vt = lying
+        out = q.graph._node(ATTENTION, (qt.id, kt.id, vt.id), qt.shape, ip=_params(causal, contracted, TOKENS_FIRST),
+                            fp=slots(AttentionFP, scale=s))
+        return transpose(out, (0, 2, 1, 3))     # a transpose back to (B, T, H, d) is out itself
+    return q.graph._node(ATTENTION, (q.id, k.id, v.id), q.shape, ip=_params(causal, contracted),
                          fp=slots(AttentionFP, scale=s))
 
 
@@ -132,13 +157,20 @@ def _first_seen(causal, key, q0, rows):
 
 
 @njit(cache=True, error_model="numpy")
-def _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, scale):
+def _head(h, Hn, T, d):
+    """Where head h's first row starts in a tensor of T rows a head: (B H, T, d) when Hn = 1,
+    (B, T, Hn, d) -- rows Hn d apart, the heads side by side -- otherwise."""
+    return (h // Hn) * T * Hn * d + (h % Hn) * d
+
+
+@njit(cache=True, error_model="numpy")
+def _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, rs, scale):
     """St (kb x rows) = scale K_blk Q_i^T: the scores of query rows [q0, q0 + rows) against keys
     [k0, k0 + kb), transposed -- a key per row of St.  Stored so, the products run faster (d = 64,
     128 query rows, 1024 keys: 93 GFLOP/s for K Q^T against 69 for Q K^T, and 95 against 85 for
     the gradients' products) and the softmax's work runs along St's rows, across queries, so its
-    loops vectorize without reductions."""
-    _mm(fn, kind, 0, 1, kb, rows, d, scale, K[k0 * d:], d, Q[q0 * d:], d, 0.0, St, rows)
+    loops vectorize without reductions.  Q's and K's rows are ``rs`` apart."""
+    _mm(fn, kind, 0, 1, kb, rows, d, scale, K[k0 * rs:], rs, Q[q0 * rs:], rs, 0.0, St, rows)
     return OK
 
 
@@ -194,7 +226,7 @@ def _probabilities(St, rows, kb, q0, k0, causal, lse):
 
 
 @njit(cache=True, error_model="numpy")
-def _stats(fn, kind, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx):
+def _stats(fn, kind, St, Q, K, q0, rows, kend, d, rs, KB, scale, causal, m, l, corr, mx):
     """Row maxima m and sums l of exp(scores) of query rows [q0, q0 + rows) over keys
     [0, kend); St holds the last key block's exps (relative to the final m when one block)."""
     for r in range(rows):
@@ -202,7 +234,7 @@ def _stats(fn, kind, St, Q, K, q0, rows, kend, d, KB, scale, causal, m, l, corr,
         l[r] = in_dtype_of(St, 0.0)
     for k0 in range(0, kend, KB):
         kb = min(KB, kend - k0)
-        _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, scale)
+        _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, rs, scale)
         _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
     return OK
 
@@ -217,48 +249,57 @@ def _scratch(out, rows, keys):
 
 # ---- forward -------------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
-def attention_forward(out, Q, K, V, heads, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, kind):
-    """Units [lo, hi): unit u is query rows [BR b, BR b + BR) of head h, u = h * blocks + b."""
+def attention_forward(out, Q, K, V, heads, Tq, Tk, d, Hn, scale, causal, BR, KB, lo, hi, fn, kind):
+    """Units [lo, hi): unit u is query rows [BR b, BR b + BR) of head h, u = h * blocks + b;
+    Hn heads side by side in a row (see _head)."""
     blocks = (Tq + BR - 1) // BR
+    rs = Hn * d                                   # one row to the next of a head
     St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
     for u in range(lo, hi):
         h = u // blocks
         q0 = (u % blocks) * BR
         rows = min(BR, Tq - q0)
-        Qh = Q[h * Tq * d:(h + 1) * Tq * d]
-        Kh = K[h * Tk * d:(h + 1) * Tk * d]
-        Vh = V[h * Tk * d:(h + 1) * Tk * d]
-        acc = out[(h * Tq + q0) * d:(h * Tq + q0 + rows) * d]
-        for i in range(acc.size):
-            acc[i] = 0.0
+        Qh = Q[_head(h, Hn, Tq, d):]
+        Kh = K[_head(h, Hn, Tk, d):]
+        Vh = V[_head(h, Hn, Tk, d):]
+        acc = out[_head(h, Hn, Tq, d) + q0 * rs:]
         for r in range(rows):
+            a = acc[r * rs:r * rs + d]
+            for j in range(d):
+                a[j] = 0.0
             m[r] = in_dtype_of(out, -np.inf)
             l[r] = in_dtype_of(out, 0.0)
         kend = min(Tk, q0 + rows) if causal else Tk
         for k0 in range(0, kend, KB):
             kb = min(KB, kend - k0)
-            _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, scale)
+            _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, rs, scale)
             _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
             if k0 > 0:
                 for r in range(rows):
                     c = corr[r]
-                    a = acc[r * d:(r + 1) * d]
+                    a = acc[r * rs:r * rs + d]
                     for j in range(d):
                         a[j] *= c
-            _mm(fn, kind, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * d:], d, 1.0, acc, d)      # O += P V
+            _mm(fn, kind, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * rs:], rs, 1.0, acc, rs)      # O += P V
         for r in range(rows):
             inv = in_dtype_of(out, 1.0) / l[r]
-            a = acc[r * d:(r + 1) * d]
+            a = acc[r * rs:r * rs + d]
             for j in range(d):
                 a[j] *= inv
     return OK
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def geometry(sq, sk, layout):
+    """(heads, Tq, Tk, d, heads side by side in a row) of q's and k's padded shapes."""
+    if layout == TOKENS_FIRST:                    # (B, T, H, d)
+        return sq[0] * sq[2], sq[1], sk[1], sq[3], sq[2]
+    return sq[0] * sq[1], sq[2], sk[2], sq[3], 1
+
+
 def _run_attention(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    sq = v.shape[v.src[n, 0]]
-    heads = sq[0] * sq[1]
-    Tq = sq[2]
+    heads, Tq, Tk, d, Hn = geometry(v.shape[v.src[n, 0]], v.shape[v.src[n, 1]], v.ip[n, AttentionIP.layout])
     BR = v.ip[n, AttentionIP.block_rows]
     units = heads * ((Tq + BR - 1) // BR)
     if lo < 0:
@@ -266,9 +307,9 @@ def _run_attention(n, lo, hi, ctx, mem, store):
         return OK
     lo, hi = span(lo, hi, units)
     fn, kind = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_KIND]
-    status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq,
-                               v.shape[v.src[n, 1], 2], sq[3], v.fp[n, AttentionFP.scale], v.ip[n, AttentionIP.causal],
-                               BR, v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
+    status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq, Tk, d,
+                               Hn, v.fp[n, AttentionFP.scale], v.ip[n, AttentionIP.causal], BR,
+                               v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
     return status
 
 
@@ -278,16 +319,21 @@ def _d_contracted(Tq, Tk, causal):
     return max(1, (5 * Tq * Tk) // ((2 if causal else 1) * (Tq + 2 * Tk)))
 
 
-def _attention_vjp(g, q, k, v, out, causal, block_rows, block_keys, scale):
+def _attention_vjp(g, q, k, v, out, causal, block_rows, block_keys, layout, scale):
     """One attention_d node computes [dq; dk; dv] packed along T from q, k, v and
-    gd = [dO | rowsum(dO * O)]; each source's gradient is its slice."""
-    Tq, Tk = q.shape[2], k.shape[2]
+    gd = [dO | rowsum(dO * O)]; each source's gradient is its slice (along T: axis 2 of
+    (B, H, T, d), axis 1 of TOKENS_FIRST's (B, T, H, d))."""
+    tokens = layout == TOKENS_FIRST
+    axis = either(tokens, 1, 2)
+    Tq, Tk = either(tokens, q.shape[1], q.shape[2]), either(tokens, k.shape[1], k.shape[2])
     gd = op.concat(g, rowsum(g * out, out, 3), like=out, dims={3: out.shape[3] + 1}, axis=3)
     work = (5 * Tq * Tk) // (either(causal, 2, 1) * (Tq + 2 * Tk))          # _d_contracted, as scalars
-    packed = op.attention_d(q, k, v, gd, like=q, dims={2: Tq + 2 * Tk}, causal=causal, block_rows=block_rows,
-                            block_keys=block_keys, contracted=either(work > 1, work, 1), scale=scale)
-    return (op.slice(packed, like=q, axis=2, start=0), op.slice(packed, like=k, axis=2, start=Tq),
-            op.slice(packed, like=v, axis=2, start=Tq + Tk))
+    packed = op.attention_d(q, k, v, gd, like=q, dims={1: either(tokens, Tq + 2 * Tk, q.shape[1]),
+                                                       2: either(tokens, q.shape[2], Tq + 2 * Tk)},
+                            causal=causal, block_rows=block_rows, block_keys=block_keys, layout=layout,
+                            contracted=either(work > 1, work, 1), scale=scale)
+    return (op.slice(packed, like=q, axis=axis, start=0), op.slice(packed, like=k, axis=axis, start=Tq),
+            op.slice(packed, like=v, axis=axis, start=Tq + Tk))
 
 
 defop(ATTENTION, "attention", attention, _run_attention, _attention_vjp, arity=3, cost=COMPUTE, flops=DOT,
@@ -312,29 +358,32 @@ def attention_d(q: Tensor, k: Tensor, v: Tensor, gd: Tensor, causal: bool = Fals
 
 
 @njit(cache=True, error_model="numpy")
-def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, hi, fn, kind):
-    """Heads [lo, hi): each head's [dq; dk; dv] (see the module docstring)."""
+def attention_backward(out, Q, K, V, GD, Tq, Tk, d, Hn, scale, causal, BR, KB, lo, hi, fn, kind):
+    """Heads [lo, hi): each head's [dq; dk; dv] (see the module docstring); Hn heads side by
+    side in a row (see _head)."""
     St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
     dPt = np.empty(St.size, out.dtype)
     dO = np.empty(min(BR, Tq) * d, out.dtype)     # a block's dO rows, times 1 / l when one key block
     one = in_dtype_of(out, 1.0)
     w = d + 1                                     # gd's rows: dO, then D
+    rs, rg = Hn * d, Hn * w                       # one row to the next of a head, in q, k, v, out and in gd
     for h in range(lo, hi):
-        Qh = Q[h * Tq * d:(h + 1) * Tq * d]
-        Kh = K[h * Tk * d:(h + 1) * Tk * d]
-        Vh = V[h * Tk * d:(h + 1) * Tk * d]
-        Gh = GD[h * Tq * w:(h + 1) * Tq * w]
-        base = h * (Tq + 2 * Tk) * d
-        dq = out[base:base + Tq * d]
-        dk = out[base + Tq * d:base + (Tq + Tk) * d]
-        dv = out[base + (Tq + Tk) * d:base + (Tq + 2 * Tk) * d]
-        region = out[base:base + (Tq + 2 * Tk) * d]
-        for i in range(region.size):
-            region[i] = 0.0
+        Qh = Q[_head(h, Hn, Tq, d):]
+        Kh = K[_head(h, Hn, Tk, d):]
+        Vh = V[_head(h, Hn, Tk, d):]
+        Gh = GD[_head(h, Hn, Tq, w):]
+        base = _head(h, Hn, Tq + 2 * Tk, d)
+        dq = out[base:]
+        dk = out[base + Tq * rs:]
+        dv = out[base + (Tq + Tk) * rs:]
+        for r in range(Tq + 2 * Tk):
+            row = dq[r * rs:r * rs + d]
+            for j in range(d):
+                row[j] = 0.0
         for q0 in range(0, Tq, BR):
             rows = min(BR, Tq - q0)
             kend = min(Tk, q0 + rows) if causal else Tk
-            _stats(fn, kind, St, Qh, Kh, q0, rows, kend, d, KB, scale, causal, m, l, corr, mx)
+            _stats(fn, kind, St, Qh, Kh, q0, rows, kend, d, rs, KB, scale, causal, m, l, corr, mx)
             single = kend <= KB
             for r in range(rows):
                 if single:                   # St holds exp(s - max) = l P: 1 / l goes into dO
@@ -342,7 +391,7 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, h
                 else:                        # P = exp(s - lse), recomputed per key block
                     m[r] = m[r] + vmath.log(l[r])
                     inv = one
-                g = Gh[(q0 + r) * w:(q0 + r + 1) * w]
+                g = Gh[(q0 + r) * rg:(q0 + r) * rg + w]
                 o = dO[r * d:(r + 1) * d]
                 for j in range(d):
                     o[j] = g[j] * inv
@@ -350,32 +399,31 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, scale, causal, BR, KB, lo, h
             for k0 in range(0, kend, KB):
                 kb = min(KB, kend - k0)
                 if not single:
-                    _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, scale)
+                    _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, rs, scale)
                     _probabilities(St, rows, kb, q0, k0, causal, m)
-                _mm(fn, kind, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * d:], d)      # dV += P^T dO
-                _mm(fn, kind, 0, 1, kb, rows, d, 1.0, Vh[k0 * d:], d, dO, d, 0.0, dPt, rows)     # dP^T = V dO^T
+                _mm(fn, kind, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * rs:], rs)     # dV += P^T dO
+                _mm(fn, kind, 0, 1, kb, rows, d, 1.0, Vh[k0 * rs:], rs, dO, d, 0.0, dPt, rows)    # dP^T = V dO^T
                 for i in range(kb):                                                           # dS = P (dP - D)
                     p = St[i * rows:(i + 1) * rows]
                     x = dPt[i * rows:(i + 1) * rows]
                     for r in range(rows):
                         x[r] = p[r] * (x[r] - corr[r])
                 # dQ += scale dS K, dK += scale dS^T Q
-                _mm(fn, kind, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * d:], d, 1.0, dq[q0 * d:], d)
-                _mm(fn, kind, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * d:], d, 1.0, dk[k0 * d:], d)
+                _mm(fn, kind, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * rs:], rs, 1.0, dq[q0 * rs:], rs)
+                _mm(fn, kind, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * rs:], rs, 1.0, dk[k0 * rs:], rs)
     return OK
 
 
 def _run_attention_d(n, lo, hi, ctx, mem, store):
     v = run_view(ctx, mem, store)
-    sq = v.shape[v.src[n, 0]]
-    heads = sq[0] * sq[1]
+    heads, Tq, Tk, d, Hn = geometry(v.shape[v.src[n, 0]], v.shape[v.src[n, 1]], v.ip[n, AttentionIP.layout])
     if lo < 0:
         v.ctx[RUN_EXTENT] = heads
         return OK
     lo, hi = span(lo, hi, heads)
     fn, kind = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_KIND]
     status = attention_backward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2),
-                                operand(v, n, 3), sq[2], v.shape[v.src[n, 1], 2], sq[3], v.fp[n, AttentionFP.scale],
+                                operand(v, n, 3), Tq, Tk, d, Hn, v.fp[n, AttentionFP.scale],
                                 v.ip[n, AttentionIP.causal], v.ip[n, AttentionIP.block_rows],
                                 v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
     return status

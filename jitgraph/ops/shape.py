@@ -91,10 +91,15 @@ def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     shape = tuple(t.shape[a] for a in norm)
     if norm == tuple(range(nd)):
         return t
+    off = MAX_DIMS - nd
+    nodes = t.graph.nodes
+    if nodes._m_op[t.id] == TRANSPOSE:    # undoing a transpose: its source itself, no copy
+        inner = [int(nodes.ip[t.id, off + a]) - off for a in range(nd)]
+        if [inner[a] for a in norm] == list(range(nd)):
+            return Tensor(t.graph, int(nodes.src[t.id, 0]))
     moved = [a for a in norm if t.shape[a] != 1]
     if moved == sorted(moved):            # only size-1 axes move: same memory order
         return reshape(t, shape)
-    off = MAX_DIMS - nd
     perm = tuple(range(off)) + tuple(a + off for a in norm)
     return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)        # TransposeIP's slots in order
 
