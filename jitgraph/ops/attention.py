@@ -2,9 +2,12 @@
 its gradient one node, and neither ever holds a (Tq, Tk) score matrix.
 
 Shapes: q (..., Tq, d), k and v (..., Tk, d), the same leading axes (B, H) on all three; the
-kernels see B * H heads of row-major (T, d) matrices.  Params (AttentionIP, AttentionFP):
-causal, block_rows (BR, query rows per block), block_keys (KB, keys per block), contracted (the
-cost model's contracted length); scale.  The block sizes are fixed when the node is built (module constants), so a
+kernels see B * H heads of row-major (T, d) matrices.  Or, layout TOKENS_FIRST: (B, T, H, d),
+the heads side by side in each row (a head's rows H d apart) -- what a model's projections
+write; ``attention`` builds it when q, k and v are transposes (0, 2, 1, 3) of such tensors, so
+neither the split nor the merge of the heads is a copy.  Params (AttentionIP, AttentionFP):
+causal, block_rows (BR, query rows per block), block_keys (KB, keys per block), layout,
+contracted (the cost model's contracted length); scale.  The block sizes are fixed when the node is built (module constants), so a
 result depends on the shapes only -- never on the thread count.
 
 A block's scores live in a KB x BR scratch, allocated once per runner call: transposed, a key
