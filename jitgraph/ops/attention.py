@@ -134,9 +134,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     s = _scale(scale, q.shape[-1], "attention")
     tk = k.shape[-2]
     contracted = tk if causal else 2 * tk
-    lying = [_tokens_first(t) for t in (q, k, v)] if READ_HEADS_AS_THEY_LIE else [None]
-    if all(t is not None for t in lying):       # heads read where the projections wrote them
-        qt, kt, vt = lying
+    qt, kt, vt = (_tokens_first(t) for t in (q, k, v)) if READ_HEADS_AS_THEY_LIE else (None, None, None)
+    if qt is not None and kt is not None and vt is not None:   # heads read where the projections wrote them
         out = q.graph._node(ATTENTION, (qt.id, kt.id, vt.id), qt.shape, ip=_params(causal, contracted, TOKENS_FIRST),
                             fp=slots(AttentionFP, scale=s))
         return transpose(out, (0, 2, 1, 3))     # a transpose back to (B, T, H, d) is out itself
