@@ -1,5 +1,11 @@
 import os
 
+# Every kernel of the suite runs with Numba's bounds checking, so an index out of range fails a
+# test instead of reading past a buffer.  Set before anything imports Numba (it reads the flag
+# once); NUMBA_BOUNDSCHECK=0 in the environment runs the suite on unchecked code.  The flag is
+# part of jitgraph's cache key (_cache.py): checked and unchecked code live in separate folders.
+os.environ.setdefault("NUMBA_BOUNDSCHECK", "1")
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
