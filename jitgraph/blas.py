@@ -31,7 +31,6 @@ import time
 from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
-import scipy.linalg.cython_blas
 from numba import njit
 from threadpoolctl import threadpool_info
 
@@ -128,6 +127,7 @@ def _openblas(pools: List[dict]) -> Optional[Library]:
             break
         return Library("openblas", str(info.get("version")), str(info.get("architecture")), path, gemms,
                        FORTRAN_ILP64, _thread_setter(path))
+    import scipy.linalg.cython_blas       # scipy's BLAS only where numpy has none of its own: its import costs ~0.35 s
     capi = scipy.linalg.cython_blas.__pyx_capi__
     gemms = {"float32": _capsule_address(capi["sgemm"]), "float64": _capsule_address(capi["dgemm"])}
     path = library_of(gemms["float32"]) or ""

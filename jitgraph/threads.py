@@ -21,7 +21,6 @@ import threading
 from typing import Optional
 
 import numba
-import scipy.linalg.cython_blas  # noqa: F401 -- jitgraph's BLAS: loaded, so threadpoolctl can limit it
 from numba.core import config
 from threadpoolctl import ThreadpoolController
 

@@ -5,7 +5,8 @@ eager and torch.compile, same float32 weights, at 1 and 2 threads, in one run.
 
 Workloads: the char GPT of the issue (4 layers, d 128, T 64, batch 16, ``jg.attention``,
 integer targets: perf/chargpt.py), the bench's GPT (g) (perf/gpt.py: softmax attention,
-one-hot targets) and ResNet (h) (perf/resnet.py), fwd+bwd.  Three jitgraph programs:
+one-hot targets), ResNet (h) (perf/resnet.py) and the ResNet-20-like net without batch norm
+(perf/bench_conv.py's stack, 3 blocks a stage), fwd+bwd.  Three jitgraph programs:
 the default (``fuse="auto"``, ``remat="auto"``), every group formed and every value backward
 reads saved (``fuse=True, remat=False``) and unfused saving everything (before [2/6]).  Timed as
 ``jitgraph bench`` times (harness.timed: contenders take turns in every round, so a slow
@@ -26,7 +27,7 @@ import jitgraph as jg
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from perf import chargpt, models, resnet  # noqa: E402
+from perf import bench_conv, chargpt, models, resnet  # noqa: E402
 from perf import gpt as gpt_g  # noqa: E402
 from perf.environment import cpu_model  # noqa: E402
 from perf.harness import Ctx, add_torch_compile, threads, timed  # noqa: E402
@@ -92,6 +93,24 @@ def res(quick):
         run, _, _ = resnet.torch_resnet(torch, weights, stats, cfg)
         return run, (torch.from_numpy(images), torch.from_numpy(labels))
     title = f"(h) ResNet-{6 * cfg.n + 2}: batch {cfg.batch}, {cfg.size}x{cfg.size}, float32"
+    return title, programs, torch_run, lambda **kw: build(**kw)[0]
+
+
+def resnet20(quick):
+    """The ResNet-20-like net of issue [3/6]: perf/bench_conv.py's stack with 3 blocks a stage (no
+    batch norm: conv, relu, residual adds, stride-2 projections), batch 32 on 32x32 images."""
+    blocks, batch = (1, 4) if quick else (3, 32)
+    w = bench_conv.resnet_weights(blocks)
+    rng = np.random.default_rng(1)
+    images = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+    labels = rng.integers(0, 10, batch)
+    build = lambda **kw: bench_conv.jg_resnet(w, batch, blocks, **kw)   # noqa: E731
+    programs = _programs(build, images, labels)
+
+    def torch_run(torch):
+        run, _ = bench_conv.torch_resnet(torch, w, blocks)
+        return run, (torch.from_numpy(images), torch.from_numpy(labels))
+    title = f"ResNet-{6 * blocks + 2}-like, no batch norm: batch {batch}, 32x32, float32"
     return title, programs, torch_run, lambda **kw: build(**kw)[0]
 
 
@@ -180,15 +199,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="tiny models: checks the script, measures nothing")
-    ap.add_argument("--only", choices=("gpt", "g", "resnet"), default=None,
-                    help="gpt: the char GPT of the issue; g: the bench's GPT (g); resnet: (h)")
+    ap.add_argument("--only", choices=("gpt", "g", "resnet", "resnet20"), default=None,
+                    help="gpt: the char GPT of the issue; g: the bench's GPT (g); resnet: (h); "
+                         "resnet20: the ResNet-20-like net without batch norm")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     try:
         import torch
     except ImportError:
         torch = None
-    makes = [m for k, m in (("gpt", gpt), ("g", gpt_bench), ("resnet", res)) if args.only in (None, k)]
+    makes = [m for k, m in (("gpt", gpt), ("g", gpt_bench), ("resnet", res), ("resnet20", resnet20))
+             if args.only in (None, k)]
     results = [workload(m, args.quick, args.rounds, torch) for m in makes]
     print(markdown(results, cpu_model()))
     if args.json:
