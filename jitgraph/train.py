@@ -77,8 +77,10 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Dict[Tensor, Any], epo
                 running = loss if running is None else 0.95 * running + 0.05 * loss
                 if progress and bar is None:
                     # the bar opens after the first step: what compiles then has its own line
-                    # (compiler.CompileLine), and the rate and ETA count the steps after it
-                    bar = tqdm(total=epochs * per_epoch, initial=1, desc=desc, unit="step", leave=False)
+                    # (compiler.CompileLine), and the rate and ETA count the steps after it; none
+                    # where stderr is no terminal (disable=None): a log would keep every frame
+                    bar = tqdm(total=epochs * per_epoch, initial=1, desc=desc, unit="step", leave=False,
+                               disable=None)
                 elif bar is not None:
                     bar.update(1)
                 if bar is not None:

@@ -414,4 +414,20 @@ def test_the_training_bar_opens_after_the_first_step(monkeypatch):
     monkeypatch.setattr(bwd, "run", lambda feeds, seed=None: losses_seen.append(1) or real_run(feeds, seed=seed))
     losses = jg.train(bwd, jg.optim.SGD([w], lr=0.1), {x: np.ones((12, 3), np.float32)}, epochs=1)
     assert len(losses) == 3
-    assert made == [(1, dict(total=3, initial=1, desc="train", unit="step", leave=False))]
+    assert made == [(1, dict(total=3, initial=1, desc="train", unit="step", leave=False, disable=None))]
+
+
+def test_no_training_bar_frames_in_a_log(tmp_path):
+    """Written to a file (no terminal), a training run leaves no bar frames behind."""
+    code = """import numpy as np, jitgraph as jg
+g = jg.Graph(np.float32)
+x = g.input((4, 3), name="x")
+w = g.param(np.ones((3, 2), np.float32), name="w")
+bwd = jg.build_backward(jg.build_forward(jg.sum(jg.relu(x @ w))))
+jg.train(bwd, jg.optim.SGD([w], lr=0.1), {x: np.ones((40, 3), np.float32)}, epochs=3)
+print("trained")
+"""
+    env = dict(os.environ, JITGRAPH_QUIET="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "trained", out.stderr[-2000:]
+    assert "step/s" not in out.stderr and "it/s" not in out.stderr, out.stderr
