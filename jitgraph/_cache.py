@@ -5,9 +5,10 @@ Numba checks a cached function against its own source file only: edit a kernel
 that a runner in another file calls, upgrade jitgraph or Numba, or turn bounds
 checking on, and Numba would load the old machine code.  So jitgraph's functions
 get a cache locator of their own, whose folder is named by a hash of every source
-file of the package, the Numba, llvmlite and Python versions and the compile
-flags that change the code.  Any change gives a new, empty folder; older folders
-of the same root are pruned.
+file of the package, the Numba, llvmlite and Python versions, the compile flags
+that change the code and the CPU it is compiled for.  Any change gives a new, empty
+folder; older folders of the same root are pruned.  An install compiles the common
+kernels into the package folder's ``.jitcache`` (setup.py), which is then this root.
 
 The root is ``$NUMBA_CACHE_DIR/jitgraph`` if that is set, else ``.jitcache`` in the
 package folder, else (a read-only install) ``$XDG_CACHE_HOME/jitgraph`` or
@@ -22,7 +23,9 @@ import tempfile
 
 import llvmlite
 import numba
+from llvmlite import binding
 from numba.core import caching, config
+from numba.core.codegen import get_host_cpu_features
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 KEEP_FOLDERS = 3          # newest cache folders kept per root (older builds are deleted)
@@ -36,15 +39,26 @@ def _source_files():
                 yield os.path.join(folder, name)
 
 
+def target_cpu() -> tuple:
+    """The CPU the code is compiled for: its name and features as Numba's code generator will
+    see them (the user's NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, or _target's choice, else the
+    host's)."""
+    name = getattr(config, "CPU_NAME", None) or binding.get_host_cpu_name()
+    features = getattr(config, "CPU_FEATURES", None) or get_host_cpu_features()
+    return str(name), str(features)
+
+
 def source_key() -> str:
-    """A hash of the package's sources and of what else decides the machine code."""
+    """A hash of the package's sources and of what else decides the machine code: Numba's,
+    llvmlite's and Python's versions, the compile flags and the CPU -- so a cache compiled
+    elsewhere (a wheel built on another machine) is never even looked at here."""
     h = hashlib.sha256()
     for path in _source_files():
         h.update(os.path.relpath(path, PACKAGE_DIR).encode())
         with open(path, "rb") as f:
             h.update(f.read())
     flags = tuple(getattr(config, name, None) for name in ("BOUNDSCHECK", "OPT", "FASTMATH"))
-    h.update(repr((numba.__version__, llvmlite.__version__, sys.version_info[:3], flags)).encode())
+    h.update(repr((numba.__version__, llvmlite.__version__, sys.version_info[:3], flags, target_cpu())).encode())
     return h.hexdigest()[:16]
 
 
@@ -57,20 +71,25 @@ def _writable(path):
         return False
 
 
+def user_root() -> str:
+    """jitgraph's folder in the user's cache ($XDG_CACHE_HOME or ~/.cache)."""
+    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(user, "jitgraph")
+
+
 def cache_root() -> str:
     candidates = []
     if os.environ.get("NUMBA_CACHE_DIR"):
         candidates.append(os.path.join(os.environ["NUMBA_CACHE_DIR"], "jitgraph"))
     candidates.append(os.path.join(PACKAGE_DIR, ".jitcache"))
-    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    candidates.append(os.path.join(user, "jitgraph"))
+    candidates.append(user_root())
     for path in candidates:
         if _writable(path):
             return path
     return os.path.join(tempfile.gettempdir(), f"jitgraph-cache-{os.getuid() if hasattr(os, 'getuid') else 0}")
 
 
-def _prune(root, keep):
+def prune(root, keep):
     """Delete all but the ``KEEP_FOLDERS`` most recently used key folders under root."""
     try:
         folders = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("k-")]
@@ -85,6 +104,30 @@ def _prune(root, keep):
 KEY = source_key()
 ROOT = cache_root()
 CACHE_DIR = os.path.join(ROOT, "k-" + KEY)
+SHIPPED_DIR = os.path.join(PACKAGE_DIR, ".jitcache", "k-" + KEY)    # compiled when the package was installed
+INSTALLED = "installed"     # the file that says so (warmup.precompile): a clone's own cache has none
+
+
+def copy_folder(src: str, dst: str) -> bool:
+    """Copy folder ``src`` to ``dst`` whole or not at all (another process may be doing the
+    same: the first to finish wins); whether ``dst`` is there now."""
+    part = dst + f".part-{os.getpid()}"
+    try:
+        shutil.copytree(src, part)
+        os.replace(part, dst)
+    except OSError:
+        shutil.rmtree(part, ignore_errors=True)     # another process got there first, or no room
+    return os.path.isdir(dst)
+
+
+def _adopt_shipped() -> None:
+    """An install compiled this build into the package folder (setup.py); when the cache lives
+    elsewhere (that folder is read-only, or NUMBA_CACHE_DIR points away) its first use starts
+    from a copy of what the install compiled instead of from nothing."""
+    if CACHE_DIR == SHIPPED_DIR or os.path.isdir(CACHE_DIR) or \
+            not os.path.isfile(os.path.join(SHIPPED_DIR, INSTALLED)):
+        return
+    copy_folder(SHIPPED_DIR, CACHE_DIR)             # or compile, if that fails
 
 
 class JitgraphCacheLocator(caching._CacheLocator):
@@ -127,10 +170,11 @@ def install() -> None:
     chosen = getattr(config, "CACHE_LOCATOR_CLASSES", "")       # NUMBA_CACHE_LOCATOR_CLASSES overrides the list
     if chosen and "JitgraphCacheLocator" not in chosen:
         setattr(config, "CACHE_LOCATOR_CLASSES", "jitgraph._cache.JitgraphCacheLocator," + chosen)
+    _adopt_shipped()
     first = not os.path.isdir(CACHE_DIR)
     os.makedirs(CACHE_DIR, exist_ok=True)
     os.utime(CACHE_DIR)                # "recently used", for pruning
-    _prune(ROOT, CACHE_DIR)
+    prune(ROOT, CACHE_DIR)
     if first and os.environ.get("JITGRAPH_QUIET", "").strip() in ("", "0"):
         print("jitgraph: first use of this build -- what a graph uses compiles on first use "
               f"(tens of seconds; cached in {CACHE_DIR}; `jitgraph warmup` compiles ahead of time)",

@@ -12,7 +12,7 @@ import jitgraph as jg
 
 from . import _cache, _target, blas, simd, threads
 from .demo import add_arguments as demo_arguments, main as run_demo
-from .warmup import DTYPES, warmup as fill
+from .warmup import COMMON, DTYPES, warmup as fill
 
 PERF = "jitgraph._perf"
 # a checkout's perf/ folder, next to this jitgraph/ (the wheel ships it as jitgraph/_perf/)
@@ -92,7 +92,7 @@ def info(args: argparse.Namespace) -> int:
 def warmup(args: argparse.Namespace) -> int:
     """Compile the graph passes and every op's kernels into the cache, on all cores."""
     dtypes = list(DTYPES) if args.all else list(dict.fromkeys(args.dtype))
-    got = fill(dtypes, progress=not args.no_progress)
+    got = fill(dtypes, progress=not args.no_progress, ops=COMMON if args.common else None)
     print(f"jitgraph warmup: {int(got['functions'])} kernels compiled for {', '.join(dtypes)} "
           f"in {got['seconds']:.1f} s; cache: {_cache.CACHE_DIR}")
     return 0
@@ -116,6 +116,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"],
                    help="the dtypes whose kernels to compile (default: float32)")
     p.add_argument("--all", action="store_true", help="every dtype (float32 and float64)")
+    p.add_argument("--common", action="store_true",
+                   help="only the common kernels (MLPs, transformers: what an install compiles)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=warmup)
     # no options of its own: what follows `bench` goes to the harness (perf/), help included

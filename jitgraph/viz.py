@@ -227,12 +227,20 @@ def _unit(nbytes, unit):
     return unit, {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}[unit]
 
 
+def _pyplot() -> Any:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("jitgraph's plots need matplotlib: pip install \"jitgraph[plot]\"") from None
+    return plt
+
+
 def plot_memory(programs: Sequence[Any], labels: Optional[Sequence[str]] = None, ax: Any = None,
                 unit: str = "auto") -> Any:
     """Live arena bytes along each program's execution order (x: fraction of the
     steps, so programs of different lengths line up), with each plan's peak dashed.
     Returns the matplotlib Axes."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     unit, scale = _unit(max(p.peak_bytes for p in programs), unit)
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.5))
@@ -257,7 +265,7 @@ def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any
     """Recompute cost against planned peak for jg.pareto rows: one-level plans in
     blue, multi-level ones (a tensor recomputed more than once) in orange.  Returns
     the Axes."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     unit, scale = _unit(max(r["peak_bytes"] for r in rows), unit)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.5))

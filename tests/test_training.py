@@ -1,4 +1,5 @@
 """Optimizers against hand-computed updates, the training loop, and the demo."""
+import sys
 import types
 
 import numpy as np
@@ -202,6 +203,31 @@ def test_demo_runs_end_to_end():
     assert "bit-identical: yes" in text
     row = [ln for ln in lines if ln.startswith("sqrt")][0].split()
     assert 0.0 <= float(row[-1]) <= 1.0
+
+
+def test_the_demos_digits_are_scikit_learns():
+    """The demo's data ships with the package (no scikit-learn needed to run it): the same
+    1797 images and labels as sklearn.datasets.load_digits, split and standardized as before."""
+    from sklearn.datasets import load_digits
+    from jitgraph.demo import load_data
+    X, y = load_digits(return_X_y=True)
+    Xtr, Ytr, Xte, yte = load_data()
+    perm = np.random.default_rng(0).permutation(len(X))
+    assert Xtr.shape == (1437, 64) and Xte.shape == (360, 64)
+    np.testing.assert_array_equal(yte, y[perm[:360]])
+    np.testing.assert_array_equal(Ytr.argmax(1), y[perm[360:]])
+    raw = X.astype(np.float32) / 16.0
+    mu, sd = raw[perm[360:]].mean(0), raw[perm[360:]].std(0) + 1e-3
+    np.testing.assert_array_equal(Xte, ((raw[perm[:360]] - mu) / sd).astype(np.float32))
+
+
+def test_plots_without_matplotlib_say_how_to_get_it(monkeypatch):
+    g = jg.Graph(np.float32)
+    x = g.input((4,), name="x")
+    fwd = jg.build_forward(jg.sum(jg.relu(x)))
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)       # as if it were not installed
+    with pytest.raises(ImportError, match=r"jitgraph\[plot\]"):
+        jg.plot_memory([fwd])
 
 
 def test_cli_demo_small(capsys):
