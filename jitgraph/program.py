@@ -101,7 +101,7 @@ class Program:
         self._input_set = set(self.inputs)
         # what runs: the runners of run_order's ops, and the chunk runners of the groups' members
         self._op_codes = np.unique(self._fused.nodes.op[self.run_order])
-        inside = np.asarray([m for ms in self.groups().values() for m in ms], np.int64)
+        inside = np.flatnonzero(self._fused.root >= 0)          # every group's members (fuse.py's root column)
         self._chunk_codes = np.unique(nodes.op[inside])
         self._calls_blas = any(OPS[int(c)].blas for c in np.union1d(self._op_codes, self._chunk_codes))
         self._tables: Optional[tuple] = None    # (runners, natives, blocks, chunk runners) once compiled
