@@ -7,7 +7,9 @@ import pytest
 from numba import njit
 
 import jitgraph as jg
+import jitgraph.registry  # noqa: F401 -- jg.registry
 from jitgraph.native import data_pointer
+from jitgraph.ops import conv as conv_module
 from jitgraph.ops.conv import TILE_SHAPES, _fma, conv2d_weight, lanes, pick_tile
 from jitgraph.simd import VECTOR_BYTES, WIDE_BYTES
 
@@ -351,9 +353,10 @@ def test_residual_blocks_are_bit_identical_at_1_and_2_threads_and_checkpointed()
 
 
 def test_the_memory_plan_counts_the_windows_the_phases_and_the_padding():
-    """A strided convolution's phases (N, C*s*s, H/s, W/s) or windows (N, C*kh*kw, OH, OW) and a
-    padded input are arena tensors of the plan, live from their conv2d to the weight
-    gradient that reads them."""
+    """A strided convolution's phases (N, C*s*s, H/s, W/s) or windows (N, C*kh*kw, OH, OW) are
+    arena tensors of the plan, live from their conv2d to the weight gradient that reads them;
+    the padded input a stride-1 product's weight gradient reads (the product itself pads as it
+    reads) is one too, made in the backward pass."""
     graph = jg.Graph(np.float32)
     x = graph.input((4, 6, 16, 16), name="x")
     w1 = graph.param(np.ones((8, 6, 3, 3)), name="w1")
@@ -367,3 +370,53 @@ def test_the_memory_plan_counts_the_windows_the_phases_and_the_padding():
     for r, size in ((phases, 24 * 81), (padded, 8 * 100), (windows, 72 * 16)):
         assert r["loc"] == "arena" and r["bytes"] == 4 * size * 4
     assert bwd.peak_bytes >= bwd.memory_timeline().max() >= max(r["bytes"] for r in (phases, padded, windows))
+
+
+def _padded_convs(dtype, fold, monkeypatch, checkpoints=None):
+    """A stack of stride-1 padded convolutions (3x3, 1-by-0 padding, dilated 5x5, grouped),
+    built with the padding folded into the products' reads or as im2col copies."""
+    monkeypatch.setattr(conv_module, "FOLD_PADDING", fold)
+    rng = np.random.default_rng(5)
+    g = jg.Graph(dtype)
+    x = g.input((3, 8, 12, 11), name="x")
+    ws = [g.param(rng.standard_normal(s) * 0.2, name=f"w{i}")
+          for i, s in enumerate(((8, 4, 3, 3), (6, 8, 3, 3), (6, 6, 5, 5)))]
+    h = jg.relu(jg.conv2d(x, ws[0], padding=1, groups=2))
+    h = jg.tanh(jg.conv2d(h, ws[1], padding=(1, 0)))
+    h = jg.conv2d(h, ws[2], padding=2, dilation=(2, 1))
+    bwd = jg.build_backward(jg.build_forward(jg.sum(h * h)), checkpoints=checkpoints)
+    feeds = {x: rng.standard_normal((3, 8, 12, 11)).astype(dtype)}
+    return bwd, feeds, ws
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_folded_padding_gives_the_bits_of_the_padded_copy(dtype, monkeypatch):
+    """A stride-1 product pads its input as it reads it (FOLD_PADDING): the same values in the
+    same order as from an im2col copy, so the loss and every gradient have the copy's bits, at
+    1 and 2 threads and checkpointed; the copies leave the forward pass and the plan shrinks."""
+    copied, cfeeds, cws = _padded_convs(dtype, False, monkeypatch)
+    want = [np.asarray(copied.run(cfeeds))] + [p.grad.copy() for p in cws]
+    folded, feeds, ws = _padded_convs(dtype, True, monkeypatch)
+    got = at_each_thread_count(lambda: [folded.run(feeds)] + [p.grad for p in ws])
+    assert_same_bits(got[1], want, "folded padding")
+    assert_same_bits(got[2], want, "folded padding, 2 threads")
+    sqrt, sfeeds, sws = _padded_convs(dtype, True, monkeypatch, "sqrt")
+    assert_same_bits([np.asarray(sqrt.run(sfeeds))] + [p.grad for p in sws], want, "folded padding, sqrt")
+    im2col = jg.registry.BY_NAME["im2col"].code
+    forward = folded.forward.order
+    assert not np.any(folded.graph.nodes.op[forward] == im2col)
+    assert np.count_nonzero(copied.graph.nodes.op[copied.forward.order] == im2col) == 3
+    assert folded.peak_bytes < copied.peak_bytes
+
+
+def test_folded_padding_matches_direct_loops_and_finite_differences():
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 3))
+    g = jg.Graph(np.float64)
+    xi = g.input(x.shape, name="x")
+    wp = g.param(w, name="w")
+    np.testing.assert_allclose(jg.build_forward(jg.conv2d(xi, wp, padding=1)).run({xi: x}),
+                               conv2d_ref(x, w, padding=1), rtol=1e-12, atol=1e-12)
+    result = jg.check_grads(lambda a, b: jg.sum(jg.tanh(jg.conv2d(a, b, padding=(1, 2), dilation=(1, 2)))),
+                            [x, w])
+    assert result.ok, result

@@ -2,9 +2,11 @@
 
 How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
 
-* **stride 1** (padding at most the kernel's reach): a *direct* product.  x is
-  zero-padded once (an ``im2col`` node with a 1x1 kernel: a copy 1.1-1.6x the size of
-  x), then each tile of 4 output channels x 3 rows of 8 output positions of one image
+* **stride 1** (padding at most the kernel's reach): a *direct* product.  The product pads
+  x as it reads it (``FOLD_PADDING``: an image at a time, into a zeroed scratch that stays in
+  cache; before, an ``im2col`` node with a 1x1 kernel copied it, 1.1-1.6x the size of x, into
+  the arena: the same values in the same order, the same bits), then each tile of 4 output
+  channels x 3 rows of 8 output positions of one image
   (with AVX-512 up to 64 positions of 512-bit vectors) is 12 (16) vector accumulators
   that stay in registers while the contraction over input channels and kernel taps streams past (simd.fma_tile): the
   windows are read from the padded input as shifted rows, never copied.  A 1x1 stride-1
@@ -20,17 +22,18 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
   images and positions in one pass (simd.dot_tile: 4 channels x 3 taps of 256-bit or 4
   taps of 512-bit partial sums, images taken a cache-sized chunk at a time), never a product per
   image and a sum.
-* The **input gradient** is a convolution too: the output gradient padded by
+* The **input gradient** is a convolution too: the output gradient padded (as it is read) by
   ``dilation*(k-1) - padding`` and convolved with the weights flipped and transposed
   (the FLIP mode, which reads w that way: no flipped copy); for phases, each phase's
   gradient is such a convolution with its taps, and a ``col2im`` puts the phases back
   in place; for windows, the 1x1 product back onto them and a ``col2im`` that adds them
   into the input plane by plane in a fixed order.
 
-The padding, phases and windows are arena tensors: the memory plan counts them and
-checkpointing may drop and recompute them.  A ``conv2d`` node has three sources: the
-input x (the gradient's target), the weight and the tensor it reads (x, padded x,
-phases or windows); only the first two get a gradient.  Every rule is made of these
+The weight gradient's padded input, the phases and the windows are arena tensors: the memory
+plan counts them and checkpointing may drop and recompute them.  A ``conv2d`` node has three
+sources: the input x (the gradient's target), the weight and the tensor it reads (x -- padded
+as read when ``pad_h`` / ``pad_w`` say so and it has x's shape --, a padded copy, phases or
+windows); only the first two get a gradient.  Every rule is made of these
 ops, so second derivatives work too.  Units of work are fixed tiles (conv2d), channel
 blocks (conv2d_weight) or (image, channel) planes: every output element is computed by
 one fixed sequence of operations, so results do not depend on the thread count and a
@@ -39,6 +42,7 @@ checkpointed recomputation is bit-identical.
 import numbers
 from typing import Any
 
+import numpy as np
 from numba import njit
 
 from enum import IntEnum
@@ -55,6 +59,10 @@ from .shape import reshape
 from .windows import Pair, int_pair, im2col, out_size, pad
 
 FWD, FLIP = 0, 1                     # mode: the weights as stored, or flipped and transposed (an input gradient)
+# a stride-1 product pads its input as it reads it (row blocks of the padded input in a scratch the
+# tiles read, ``_padded_rows``), not through an ``im2col`` copy in the arena: the products read the
+# same values in the same order, so the bits are the copy's (tests/test_conv.py)
+FOLD_PADDING = True
 DIRECT, WINDOWS, PHASES = 0, 1, 2    # conv2d's source: what source 2 is (x or padded x, windows, phases)
 
 
@@ -120,7 +128,7 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
     K = Cg * kh * kw
     wide = OW >= lanes(g)
     if s == (1, 1) and p[0] <= d[0] * (kh - 1) and p[1] <= d[1] * (kw - 1) and (wide or (kh, kw, *p) == (1, 1, 0, 0)):
-        xp = x if p == (0, 0) else im2col(x, 1, 1, p)
+        xp = x if p == (0, 0) or FOLD_PADDING else im2col(x, 1, 1, p)
         return g._node(CONV2D, (x.id, w.id, xp.id), (N, C_out, OH, OW),
                        ip=slots(ConvIP, dilation_h=d[0], dilation_w=d[1], groups=groups, mode=FWD, pad_h=p[0],
                                 pad_w=p[1], source=DIRECT, contracted=K))
@@ -253,6 +261,19 @@ def _plane(kh, kw, Hp, Wp, OH, OW):
 
 
 @njit(cache=True, error_model="numpy")
+def _pad_image(scratch, x, img, C, H, W, ph, pw):
+    """The planes of image ``img`` of x (N, C, H, W) into the middle of scratch (C, H + 2 ph,
+    W + 2 pw), whose borders are zero and stay so: only the interior is written."""
+    Wp = W + 2 * pw
+    for c in range(C):
+        for h in range(H):
+            dst = scratch[(c * (H + 2 * ph) + h + ph) * Wp + pw:]
+            src = x[((img * C + c) * H + h) * W:((img * C + c) * H + h + 1) * W]
+            for q in range(W):
+                dst[q] = src[q]
+
+
+@njit(cache=True, error_model="numpy")
 def conv_tiles(v, n, lo, hi):
     """conv2d: units are tiles (image, row block, [phase,] channel block, column block).  FWD
     sums every phase of the input into a tile; a FLIP of phases makes each phase's plane."""
@@ -262,7 +283,12 @@ def conv_tiles(v, n, lo, hi):
     dh, dw, groups = v.ip[n, ConvIP.dilation_h], v.ip[n, ConvIP.dilation_w], v.ip[n, ConvIP.groups]
     mode, kind = v.ip[n, ConvIP.mode], v.ip[n, ConvIP.source]
     sh, sw, Pi, Pj = _spans(kind, v.ip[n, ConvIP.stride_h], v.ip[n, ConvIP.stride_w], kh, kw, dh, dw)
-    Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2], v.shape[xs, 3], v.shape[n, 2], v.shape[n, 3])
+    # DIRECT reads source 0 padded: a padded copy as source 2, or source 0 itself, padded as it is read
+    x0, pad_h, pad_w = v.src[n, 0], v.ip[n, ConvIP.pad_h], v.ip[n, ConvIP.pad_w]
+    folded = kind == DIRECT and pad_h + pad_w > 0 and v.shape[xs, 2] == v.shape[x0, 2] \
+        and v.shape[xs, 3] == v.shape[x0, 3]
+    Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2] + (2 * pad_h if folded else 0),
+                            v.shape[xs, 3] + (2 * pad_w if folded else 0), v.shape[n, 2], v.shape[n, 3])
     S, T = sh * sw, kh * kw
     ti, tj = (kh - 1) // sh, (kw - 1) // sw               # the taps of the longest phase, less one
     S_in, S_out = (S, 1) if mode == FWD else (1, S)       # phases read (FWD) or made (FLIP)
@@ -284,6 +310,10 @@ def conv_tiles(v, n, lo, hi):
         return OK
     lo, hi = span(lo, hi, units)
     x, w, out = operand(v, n, 2), operand(v, n, 1), output(v, n)
+    # folded: the padded image the tiles read, in a scratch that stays in cache (zero borders, its
+    # interior written when the image changes; a call's units are about one image's)
+    scratch = np.zeros(Ci * Hp * Wp if folded else 0, out.dtype)
+    at_img = -1
     for u in range(lo, hi):
         q0 = min((u % n_v) * width, OW - width)
         u //= n_v
@@ -291,6 +321,9 @@ def conv_tiles(v, n, lo, hi):
         u //= n_b
         r0 = min((u % n_r) * R, OH - R)
         img = u // n_r
+        if folded and img != at_img:
+            _pad_image(scratch, x, img, Ci, Hp - 2 * pad_h, Wp - 2 * pad_w, pad_h, pad_w)
+            at_img = img
         grp = c // (S_out * n_c)
         ph = c // n_c % S_out
         m0 = min((c % n_c) * MR, Og - MR)
@@ -315,8 +348,13 @@ def conv_tiles(v, n, lo, hi):
                     wm, wc, wi, wj = T, Og * T, -sh * kw, -sw
                     oo = ((img * Co + (grp * Og + m0) * S + ph) * OH + r0) * OW + q0
                     om = S * OH * OW
-                _fma(f, data_pointer(x[xo:]), data_pointer(w[wo:]), data_pointer(out[oo:]), n_i, n_j, Cr,
-                     dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om, OW, first)
+                if folded:                 # the same offsets, in the scratch's one image
+                    _fma(f, data_pointer(scratch[xo - img * Ci * Hp * Wp:]), data_pointer(w[wo:]),
+                         data_pointer(out[oo:]), n_i, n_j, Cr, dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om,
+                         OW, first)
+                else:
+                    _fma(f, data_pointer(x[xo:]), data_pointer(w[wo:]), data_pointer(out[oo:]), n_i, n_j, Cr,
+                         dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om, OW, first)
                 first = 1
     return OK
 
@@ -343,7 +381,11 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
     convolution of its gradient."""
     kh, kw = w.shape[2], w.shape[3]
     phases = source == PHASES
-    dw = op.conv2d_weight(g, xp, like=w, dilation_h=dilation_h, dilation_w=dilation_w, groups=groups, mode=mode,
+    # a DIRECT product that pads as it reads (FOLD_PADDING: it reads x itself): its weight gradient
+    # reads a padded copy, made here; its input gradient pads g as it reads it too
+    folded = (source == DIRECT) & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
+    dw = op.conv2d_weight(g, either(folded, pad(xp, pad_h, pad_w), xp), like=w, dilation_h=dilation_h,
+                          dilation_w=dilation_w, groups=groups, mode=mode,
                           stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),
                           contracted=g.shape[0] * g.shape[2] * g.shape[3])
     windows = op.col2im(_conv(g, w, g, xp, FLIP, (1, 1), groups, DIRECT), like=x, params_from=xp)
@@ -354,7 +396,8 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
     phases_as_such = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), xp, FLIP, (1, 1), groups,
                            PHASES, stride=(stride_h, stride_w))
     qh, qw = dilation_h * (kh - 1) - pad_h, dilation_w * (kw - 1) - pad_w
-    direct = _conv(g, w, pad(g, qh, qw), x, 1 - mode, (dilation_h, dilation_w), groups, DIRECT, pad_hw=(qh, qw))
+    direct = _conv(g, w, either(folded, g, pad(g, qh, qw)), x, 1 - mode, (dilation_h, dilation_w), groups, DIRECT,
+                   pad_hw=(qh, qw))
     dx = either(source == WINDOWS, windows, either(
         phases, either(mode == FLIP, flip_phases, either(x.id != xp.id, x_phases, phases_as_such)), direct))
     return dx, dw, None
