@@ -7,8 +7,9 @@ from .backward import differentiate
 from .checkpoint import Planner, apply, choose_plan
 from .errors import GraphError
 from .graph import Graph, Tensor
-from .ir import F_LOSS
+from .ir import F_LOSS, F_RECOMPUTED
 from .program import BackwardGraph, ForwardGraph, build_forward
+from .timing import chosen as chosen_costs
 
 __all__ = ["build_backward", "grad", "pareto"]
 
@@ -16,7 +17,8 @@ __all__ = ["build_backward", "grad", "pareto"]
 def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
                    memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
                    zero_table: bool = True, slots: Optional[int] = None,
-                   fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto") -> BackwardGraph:
+                   fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto",
+                   costs: Optional[str] = None) -> BackwardGraph:
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -49,8 +51,13 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
     is saved).  With every strategy above but revolve (it chooses what it keeps itself);
     memory_budget weighs the plain plan with remade values among its candidates.  The bits
     are the same.
+    ``costs``: how memory_budget and revolve price recomputation -- ``"measured"`` (the
+    default, or $JITGRAPH_COSTS): each forward op's kernel timed on this host at its shapes,
+    once per machine (timing.py); ``"flops"``: the FLOP model, plans that do not depend on
+    the machine.
     """
     _check_remat(remat, "build_backward")
+    costs = chosen_costs(costs, "build_backward")
     loss = _scalar_loss(fwd, "build_backward")
     g = fwd.graph
     with g.transaction(flags=True):        # a plan that cannot be made leaves no gradient nodes behind
@@ -58,11 +65,18 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
         first = g.nodes.n
         params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
         end = g.nodes.n
-        sched = choose_plan(Planner(g, fwd, first, end, grad_nodes, in_place, fuse, remat), checkpoints,
-                            memory_budget, policy, slots)
+        planner = Planner(g, fwd, first, end, grad_nodes, in_place, fuse, remat, costs)
+        sched = choose_plan(planner, checkpoints, memory_budget, policy, slots)
         if sched is not None:
             apply(g, fwd, first, end, sched)
-        return BackwardGraph(fwd, params, grad_nodes, in_place=in_place, fuse=fuse)
+        bwd = BackwardGraph(fwd, params, grad_nodes, in_place=in_place, fuse=fuse)
+        bwd.plan = {"plan": planner.chosen, "costs": costs}
+        if planner.priced:                 # the strategy weighed plans: the chosen one's predicted recompute
+            recomputed = bwd.order[(g.nodes.flags[bwd.order] & F_RECOMPUTED) != 0]
+            predicted = planner.price(g.nodes.origin[recomputed])
+            bwd.plan["predicted_recompute_" + ("seconds" if costs == "measured" else "flops")] = \
+                predicted * 1e-9 if costs == "measured" else predicted
+        return bwd
 
 
 def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
@@ -74,15 +88,19 @@ def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
 
 
 def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
-           fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto") -> List[dict]:
-    """The frontier of (planned peak bytes, recompute flops) over memory budgets.
+           fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto",
+           costs: Optional[str] = None) -> List[dict]:
+    """The frontier of (planned peak bytes, recompute cost) over memory budgets.
 
-    Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops,
-    n_recomputed), lowest peak first, each cheaper to recompute than the one
-    before: the trade-offs worth having, with the peaks of fused programs (``fuse=False``:
-    of unfused ones); with ``remat`` (build_backward's) the plain plan with remade values is a
-    candidate too (strategy "remat").  Works on a scratch copy: ``fwd``'s graph is not changed.
+    Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops, recompute_cost,
+    n_recomputed, ...), lowest peak first, each cheaper to recompute than the one before: the
+    trade-offs worth having, with the peaks of fused programs (``fuse=False``: of unfused
+    ones); with ``remat`` (build_backward's) the plain plan with remade values is a candidate
+    too (strategy "remat").  ``costs`` as build_backward's: with "measured" (the default)
+    recompute_cost is nanoseconds on this host and each row has ``recompute_seconds``; with
+    "flops" it is the FLOP model's.  Works on a scratch copy: ``fwd``'s graph is not changed.
     """
+    costs = chosen_costs(costs, "pareto")
     if not isinstance(fwd, ForwardGraph) or len(fwd.outputs) != 1 or fwd.outputs[0].shape != ():
         raise GraphError("pareto: expects the ForwardGraph of a scalar loss")
     scratch = fwd.graph.scratch_copy()
@@ -90,8 +108,12 @@ def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
     _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
     _check_remat(remat, "pareto")
     planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse,
-                      remat)
-    return planner.frontier(n_budgets)
+                      remat, costs)
+    rows = planner.frontier(n_budgets)
+    for r in rows:
+        if costs == "measured":
+            r["recompute_seconds"] = r["recompute_cost"] * 1e-9
+    return rows
 
 
 def _check_remat(remat: Any, what: str) -> None:

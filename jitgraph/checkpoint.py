@@ -9,7 +9,8 @@ at most once (an explicit checkpoint list, ``jg.checkpoint`` segments,
 ``"sqrt"``, ``policy="save_matmuls"``, the budget DP) -- or several levels
 (``"revolve"``: Griewank & Walther's binomial schedule over the graph's narrow
 points, revolve.py), where recomputed states seed later recomputations.
-``memory_budget`` and ``jg.pareto`` weigh both kinds by the exact planned peak.
+``memory_budget`` and ``jg.pareto`` weigh both kinds by the exact planned peak (trial.py) and
+their recompute cost, measured on the host or in FLOPs (timing.py).
 """
 from typing import Any, Callable
 
@@ -17,79 +18,19 @@ import numpy as np
 
 from . import registry
 from .budget import budget_dp
-from .cost import REMAT_MIN_ELEMENTS, analyze_forward, compute_bound, not_worth_saving, remake_table, total_flops
+from .cost import REMAT_MIN_ELEMENTS, analyze_forward, compute_bound, not_worth_saving, remake_table
 from .errors import GraphError
-from .fuse import fuse_and_plan
 from .graph import Tensor
 from .ir import F_CHECKPOINT, F_LEAF, F_SEGMENT
 from .ops.common import graph_of
-from .plan import K_VIEW, backward_orders
+from .plan import K_VIEW
 from .revolve import FIRST_SWEEP, RECOMPUTED, default_slots, optimal_steps, schedule
 from .rewrite import NEVER, Schedule, one_level, run_rewrite
-from .running import io_slots, statistics_nodes
+from .running import statistics_nodes
+from .timing import node_costs
+from .trial import Trial
 
 MAX_REVOLVE_STEPS = 8        # plans searched by budgets and pareto recompute <= this x steps
-
-
-# ---- what a plan costs ----------------------------------------------------------------------
-
-class Trial:
-    """Rewrite + order + plan of one schedule on a scratch copy of the node table."""
-
-    def __init__(self, graph, fwd_order, first, end, loss_id, grad_nodes, in_place, to_schedule, fuse="auto"):
-        self.graph, self.order = graph, fwd_order
-        self.first, self.end = first, end
-        self.io = np.asarray(sorted(n for n in grad_nodes if n >= 0), np.int64)
-        self.io_slots = io_slots(graph.nodes, fwd_order, self.io)        # what Program plans in io
-        self.keep_out = np.asarray([loss_id], np.int64)
-        self.in_place, self.fuse = in_place, fuse       # priced as the program will run: fused
-        self.is_forward = np.zeros(end, np.uint8)
-        self.is_forward[fwd_order] = 1
-        self._to_schedule = to_schedule
-        self._by_keep: dict = {}      # a keep mask's bytes -> its measure (remat and the budget search ask again)
-
-    def measure(self, plan, flops_above=None):
-        """dict(peak_bytes, recompute_flops, n_recomputed, recompute_steps,
-        max_recomputations) of ``plan`` (a Schedule or a keep mask); None when its
-        recompute flops exceed ``flops_above`` (then it is not planned at all)."""
-        key = None if isinstance(plan, Schedule) else np.asarray(plan).tobytes()
-        got = self._by_keep.get(key)
-        if got is not None:
-            return None if flops_above is not None and got["recompute_flops"] > flops_above else got
-        got = self._measure(plan, flops_above)
-        if key is not None and got is not None:
-            self._by_keep[key] = got
-        return got
-
-    def _measure(self, plan, flops_above):
-        sched = plan if isinstance(plan, Schedule) else self._to_schedule(plan)
-        scratch = self.graph.nodes.copy(self.end + self.order.size + 16, rows=self.end)
-        counts = run_rewrite(scratch, self.first, self.end, self.order, sched)
-        G = scratch.arrays()
-        n = scratch.n
-        if flops_above is not None and total_flops(G, np.arange(self.end, n)) > flops_above:
-            return None
-        is_forward = np.zeros(n, np.uint8)
-        is_forward[: self.end] = self.is_forward
-        order, _, mem = fuse_and_plan(G, n, backward_orders(G, n, self.order, self.io, is_forward),
-                                      self.io_slots, self.keep_out, self.in_place, self.fuse)
-        copies = order[order >= self.end]
-        flops = total_flops(G, copies)
-        return dict(peak_bytes=int(mem[2]) * self.graph.dtype.itemsize, recompute_flops=flops,
-                    n_recomputed=int(copies.size), recompute_steps=int(counts[1]),
-                    max_recomputations=max_recomputations(G, copies))
-
-    def run(self, plan):
-        """(peak arena bytes, recompute flops, copies) of ``plan``."""
-        m = self.measure(plan)
-        return m["peak_bytes"], m["recompute_flops"], m["n_recomputed"]
-
-
-def max_recomputations(G, copies: np.ndarray) -> int:
-    """The most copies of one forward tensor among node ids ``copies``."""
-    if copies.size == 0:
-        return 0
-    return int(np.bincount(G.origin[copies]).max())
 
 
 # ---- choosing what to keep --------------------------------------------------------------------
@@ -128,9 +69,13 @@ MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow
 class Planner:
     """Everything the strategies need about one forward graph and its plain backward."""
 
-    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse="auto", remat=False):
+    def __init__(self, graph, fwd, first, end, grad_nodes, in_place, fuse="auto", remat=False, costs="flops"):
         self.graph, self.fwd, self.first, self.end = graph, fwd, first, end
         self.remat = remat
+        self.costs = costs            # "measured" (ns on this host) or "flops": timing.py
+        self._cost = None
+        self.chosen = "none"          # what the strategy chose, in words (stats()["plan"])
+        self._labels: dict = {}       # id of a revolve Schedule -> its words
         self.order = fwd.order
         self.loss = fwd.outputs[0].id
         self.itemsize = graph.dtype.itemsize
@@ -151,13 +96,34 @@ class Planner:
     saved = property(lambda self: self.analysis[0])
     cut = property(lambda self: self.analysis[1])
     size = property(lambda self: self.analysis[2])
-    flops = property(lambda self: self.analysis[3])
+
+    @property
+    def cost(self):
+        """Per node id: its recompute cost (timing.node_costs) -- measured on first use only,
+        by the strategies that weigh plans against each other."""
+        if self._cost is None:
+            self._cost = node_costs(self.graph, self.fwd, self.costs)
+        return self._cost
+
+    @property
+    def priced(self) -> bool:
+        """Did a strategy weigh plans (and so price the nodes)?"""
+        return self._cost is not None
+
+    def price(self, ids):
+        """The recompute cost of forward nodes ``ids`` (a node once per copy)."""
+        return int(self.cost[np.asarray(ids, np.int64)].sum())
+
+    @property
+    def cost_at(self):
+        """The recompute cost of each position of the forward order."""
+        return self.cost[self.order]
 
     @property
     def trial(self):
         if self._trial is None:
             self._trial = Trial(self.graph, self.order, self.first, self.end, self.loss, self._grad_nodes,
-                                self._in_place, self.schedule, self._fuse)
+                                self._in_place, self.schedule, self._fuse, self.price)
         return self._trial
 
     def keep(self, kept_ids=(), recompute_ids=None):
@@ -273,7 +239,10 @@ class Planner:
         orig_lo[order[(nodes.flags[order] & F_LEAF) != 0]] = 0
         orig_lo[self.loss] = 0
         orig_lo[statistics_nodes(nodes, order)] = 0          # batch statistics: io slots, kept for free
-        return Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
+        sched = Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
+        self._labels[id(sched)] = (f"revolve, {slots} slots over {n} steps"
+                                   + (f" of {group} narrow points" if group > 1 else "") + (", fine tapes" if fine else ""))
+        return sched
 
     def revolve_options(self, group=1):
         """(least, most) slots worth planning over steps of ``group``: from the fewest
@@ -302,7 +271,7 @@ class Planner:
         if stride > 1:
             points = points[stride - 1::stride]
         csum_saved = np.concatenate([[0], np.cumsum(np.where(sv, nbytes, 0))])
-        csum_flops = np.concatenate([[0], np.cumsum(self.flops)])
+        csum_flops = np.concatenate([[0], np.cumsum(self.cost_at)])
         ends = points + 1
         starts = np.concatenate([[0], ends[:-1]])
         seg_saved = csum_saved[ends] - csum_saved[starts]
@@ -312,7 +281,7 @@ class Planner:
         tail_saved = int(csum_saved[-1] - csum_saved[last])
         tail_flops = int(csum_flops[-1] - csum_flops[last])
         return (points, nbytes[points].astype(np.int64), cand_saved.astype(np.int64), seg_saved.astype(np.int64),
-                seg_flops.astype(np.int64), self.flops[points].astype(np.int64), tail_saved, tail_flops)
+                seg_flops.astype(np.int64), self.cost_at[points].astype(np.int64), tail_saved, tail_flops)
 
     def dp_keep(self, model_budget, end_alive=1):
         """The DP's keep mask for a model budget, or None if the model finds none."""
@@ -344,48 +313,48 @@ class Planner:
                     continue
                 m = self.trial.measure(keep)
                 if m["peak_bytes"] <= budget:
-                    if best is None or m["recompute_flops"] < best[0]["recompute_flops"]:
+                    if best is None or self.trial.cost(m) < self.trial.cost(best[0]):
                         best = (m, keep)
                     lo = mid + 1
                 else:
                     hi = mid - 1
         return best
 
-    def _revolve_for_budget(self, budget, flops_bound, found):
+    def _revolve_for_budget(self, budget, cost_bound, found):
         """(measure, schedule) of the multi-level plan with the least recompute that
-        fits and recomputes less than ``flops_bound``, or None.  Per variant, the most
+        fits and costs less than ``cost_bound`` to recompute, or None.  Per variant, the most
         slots that fit: the peak grows by about one state per slot, so from the
         leanest plan's peak a guess, then steps down.  Appends the leanest plans
         measured to ``found``."""
-        best = None
+        best, cost = None, self.trial.cost
         for group, fine in self.variants():
             least, most = self.revolve_options(group)
-            if flops_bound is not None and self.trial.measure(self.revolve(most, group, fine),
-                                                              flops_above=flops_bound) is None:
+            if cost_bound is not None and self.trial.measure(self.revolve(most, group, fine),
+                                                              cost_above=cost_bound) is None:
                 continue                      # even one recomputation per step costs more
             lean = self.revolve(least, group, fine)
             m = self.trial.measure(lean)
             found.append((m, lean))
             if m["peak_bytes"] > budget:
                 continue
-            if flops_bound is None or m["recompute_flops"] <= flops_bound:
-                best, flops_bound = (m, lean), m["recompute_flops"]
+            if cost_bound is None or cost(m) <= cost_bound:
+                best, cost_bound = (m, lean), cost(m)
             states = self.states[group - 1::group]
             unit = max(1, int(self.size[states].max()) * self.itemsize) if states.size else 1
             slots, tries = min(most, least + (budget - m["peak_bytes"]) // unit), 0
             while slots > least and tries < 8:
                 tries += 1
                 sched = self.revolve(int(slots), group, fine)
-                m = self.trial.measure(sched, flops_above=flops_bound)
+                m = self.trial.measure(sched, cost_above=cost_bound)
                 if m is None:                 # fewer slots only recompute more
                     break
                 if m["peak_bytes"] <= budget:
-                    best, flops_bound = (m, sched), m["recompute_flops"]
+                    best, cost_bound = (m, sched), cost(m)
                     if slots >= most:
                         break
                     slots += 1                # the guess may be short: try one more
                     continue
-                if best is not None and best[1] is not lean and best[0]["recompute_flops"] <= m["recompute_flops"]:
+                if best is not None and best[1] is not lean and cost(best[0]) <= cost(m):
                     break
                 slots -= max(1, (m["peak_bytes"] - budget) // unit)
         return best
@@ -393,20 +362,22 @@ class Planner:
     def for_budget(self, budget):
         """The plan (one level or several) with the least recompute whose exact planned
         peak fits ``budget``."""
-        keep_all = self.keep_all()
+        keep_all, cost = self.keep_all(), self.trial.cost
         none_peak = self.trial.measure(keep_all)["peak_bytes"]
         if none_peak <= budget:
+            self.chosen = "memory_budget: none (the plain plan fits)"
             return self.schedule(keep_all)
         one = self._one_level_for_budget(budget)
         lean = self.without_cheap(keep_all)           # the plain plan, cheap values remade (remat)
         if lean is not keep_all:
             m = self.trial.measure(lean)
-            if m["peak_bytes"] <= budget and (one is None or m["recompute_flops"] <= one[0]["recompute_flops"]):
+            if m["peak_bytes"] <= budget and (one is None or cost(m) <= cost(one[0])):
                 one = (m, lean)
         found = []
-        multi = self._revolve_for_budget(budget, None if one is None else one[0]["recompute_flops"], found)
+        multi = self._revolve_for_budget(budget, None if one is None else cost(one[0]), found)
         best = multi if multi is not None else one
         if best is not None:
+            self.chosen = "memory_budget: " + self._describe(best[1], lean)
             return best[1] if isinstance(best[1], Schedule) else self.schedule(best[1])
         # nothing fitted: survey the whole range of one-level model budgets (the model can be
         # off either way), with the leanest multi-level plans, take one that fits, or name
@@ -414,11 +385,20 @@ class Planner:
         found += [(self.trial.measure(p), p) for p in self._survey(none_peak)]
         fits = [f for f in found if f[0]["peak_bytes"] <= budget]
         if fits:
-            plan = min(fits, key=lambda f: f[0]["recompute_flops"])[1]
+            plan = min(fits, key=lambda f: cost(f[0]))[1]
+            self.chosen = "memory_budget: " + self._describe(plan, lean)
             return plan if isinstance(plan, Schedule) else self.schedule(plan)
         floor = min(f[0]["peak_bytes"] for f in found)
         raise GraphError(f"memory_budget of {budget} bytes cannot be met: the smallest planned peak "
                          f"found is {floor} bytes (without checkpointing: {none_peak} bytes)")
+
+    def _describe(self, plan, lean):
+        """A plan in words."""
+        if isinstance(plan, Schedule):
+            return self._labels.get(id(plan), "multi-level")
+        if plan is lean:
+            return "remat (the plain plan, cheap values remade)"
+        return f"one level, {int(np.count_nonzero(plan[self.order]))} of {self.order.size} forward tensors kept"
 
     def _survey(self, none_peak):
         plans = [self.keep(kept_ids=self.sqrt())]
@@ -454,12 +434,15 @@ class Planner:
             for slots in np.unique(np.geomspace(least + 1, most + 1, 6).astype(np.int64) - 1):
                 rows.append(row("revolve", self.revolve(int(slots), group, fine), budget=None, slots=int(slots),
                                 group=group, fine=fine))
-        rows.sort(key=lambda r: (r["peak_bytes"], r["recompute_flops"]))
-        front, best_flops = [], None
         for r in rows:
-            if best_flops is None or r["recompute_flops"] < best_flops:
+            r["recompute_cost"] = self.trial.cost(r)
+            del r["recomputes"]
+        rows.sort(key=lambda r: (r["peak_bytes"], r["recompute_cost"]))
+        front, best_cost = [], None
+        for r in rows:
+            if best_cost is None or r["recompute_cost"] < best_cost:
                 front.append(r)
-                best_flops = r["recompute_flops"]
+                best_cost = r["recompute_cost"]
         return front
 
 
@@ -481,6 +464,7 @@ def choose_plan(planner, checkpoints, memory_budget, policy, slots=None):
         if policy is not None:
             raise GraphError("build_backward: checkpoints='revolve' chooses what to keep itself; give no policy")
         sched = planner.revolve(_slots(planner, slots))
+        planner.chosen = planner._labels[id(sched)]
         states = planner.order[planner.states]
         nodes.flags[states[(sched.orig_lo[states] > 0) & (sched.orig_lo[states] < NEVER)]] |= F_CHECKPOINT
         return sched
@@ -491,18 +475,23 @@ def choose_plan(planner, checkpoints, memory_budget, policy, slots=None):
                 raise GraphError(f"build_backward: unknown checkpoint strategy {checkpoints!r}; "
                                  "use 'sqrt', 'revolve', a list of tensors, policy= or memory_budget=")
             kept = planner.sqrt()
+            planner.chosen = f"sqrt: {len(kept)} checkpoints"
         else:
             kept = _checkpoint_ids(graph, order, checkpoints, planner.fwd.outputs[0])
+            planner.chosen = f"{len(kept)} checkpoints given"
     if policy is not None:
         if policy != "save_matmuls":
             raise GraphError(f"build_backward: unknown policy {policy!r}; the policy is 'save_matmuls'")
         kept = list(kept) + planner.compute_bound().tolist()
+        planner.chosen = "policy save_matmuls" + (f", {planner.chosen}" if checkpoints is not None else "")
         if checkpoints is None:
             recompute = order                 # everything but what the policy saves
     if checkpoints is None and policy is None:
         seg = (nodes.flags[order] & F_SEGMENT) != 0
         recompute = order[seg & ((nodes.flags[order] & F_CHECKPOINT) == 0)]
         keep = planner.without_cheap(planner.keep(recompute_ids=recompute))
+        planner.chosen = ("jg.checkpoint segments" if seg.any() else "none") + \
+            (", cheap values remade (remat)" if not keep[order[~seg]].all() else "")
         if not seg.any() and keep[order].all():
             return None                       # nothing to recompute: no rewrite
         return planner.schedule(keep)

@@ -150,3 +150,13 @@ def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, m
         if depth[n] <= MAX_REMAT_DEPTH and (not live[n] or numel(G.shape, n) >= min_elements):
             drop[n] = 1                      # unsaved ones too: a remake must not read the forward copy
     return drop
+
+
+@njit(cache=True)
+def node_costs_flops(G, n_nodes, order, flops):
+    """Per node id: the recompute flops of the computed nodes of ``order`` (views and leaves 0)."""
+    out = np.zeros(n_nodes, np.int64)
+    for n in order:
+        if not (G.flags[n] & F_LEAF):
+            out[n] = node_flops(G, n, flops)
+    return out

@@ -279,15 +279,11 @@ class Program:
             tables = self._tables = (runners, natives, blocks, chunks)
         return tables
 
-    def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
-        """Where a run's time goes, by op: every node is run alone (in order, ``repeats``
-        times, the fastest kept, minus the cost of an empty call) and the times summed per
-        op and phase (forward, backward, recomputed).  Rows, slowest first: op, phase,
-        nodes, seconds, share of the total, elements and ns per element.  A diagnostic:
-        its Python loop over nodes makes it slower than ``run``."""
+    def node_seconds(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> np.ndarray:
+        """Seconds of each step of ``run_order`` run alone (after one whole run, in order,
+        ``repeats`` times, the fastest kept, less the cost of an empty call; 0 at least)."""
         self._bind(feeds, self.mem)
         g = self.graph
-        nodes = g.nodes
         G = self.run_table
         salt = _salt(seed)
         split = table("split")
@@ -298,11 +294,23 @@ class Program:
         clock = time.perf_counter
         empty = self.run_order[:0]
         with self._blas_held(natives):
+            run_nodes(G, self.run_order, *args)          # every step's sources hold their values
             base = min(_timed(run_nodes, G, empty, args, clock) for _ in range(20))
             best = np.full(self.run_order.size, np.inf)
             for _ in range(max(1, repeats)):
                 for t in range(self.run_order.size):
                     best[t] = min(best[t], _timed(run_nodes, G, self.run_order[t:t + 1], args, clock) - base)
+        return np.maximum(best, 0.0)
+
+    def profile(self, feeds: Optional[Feeds] = None, repeats: int = 3, seed: Optional[int] = None) -> List[Dict[str, Any]]:
+        """Where a run's time goes, by op: every node is run alone (in order, ``repeats``
+        times, the fastest kept, minus the cost of an empty call) and the times summed per
+        op and phase (forward, backward, recomputed).  Rows, slowest first: op, phase,
+        nodes, seconds, share of the total, elements and ns per element.  A diagnostic:
+        its Python loop over nodes makes it slower than ``run``."""
+        best = self.node_seconds(feeds, repeats, seed)
+        g = self.graph
+        nodes = g.nodes
         forward = set(getattr(self, "forward", self).order.tolist())
         members = self.groups()
         groups: Dict[tuple, list] = {}
@@ -313,7 +321,7 @@ class Program:
                      "group(" + ", ".join(OPS[int(nodes.op[m])].name for m in members[n]) + ")")
             row = groups.setdefault((label, phase), [0, 0.0, 0])
             row[0] += 1
-            row[1] += max(float(best[t]), 0.0)
+            row[1] += float(best[t])
             row[2] += int(np.prod(g.shape_of(n), dtype=np.int64))
         total = sum(r[1] for r in groups.values()) or 1.0
         rows = [{"op": op, "phase": phase, "nodes": c, "seconds": sec, "share": sec / total, "elements": el,
@@ -482,6 +490,7 @@ class BackwardGraph(Program):
         self.grad_nodes = np.asarray(grad_nodes, np.int64).tolist()     # -1: the gradient is zero
         self._zero_grad_extra: Dict[int, np.ndarray] = {}
         self._index = None                      # param id -> position, built when first asked
+        self.plan: Dict[str, Any] = {"plan": "none"}     # what build_backward's strategy chose (stats)
         gn = np.asarray(self.grad_nodes, np.int64)
         live = np.sort(gn[gn >= 0])
         nodes = g.nodes
@@ -507,6 +516,7 @@ class BackwardGraph(Program):
                   # a copy's rule field numbers the recomputation of one forward step it belongs to
                   recompute_steps=int(np.unique(nodes.rule[recomputed]).size),
                   max_recomputations=int(np.bincount(nodes.origin[recomputed]).max()) if recomputed.size else 0)
+        st.update(self.plan)
         return st
 
     def _param_index(self, param, what):

@@ -262,15 +262,16 @@ def plot_memory(programs: Sequence[Any], labels: Optional[Sequence[str]] = None,
 
 
 def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any:
-    """Recompute cost against planned peak for jg.pareto rows: one-level plans in
-    blue, multi-level ones (a tensor recomputed more than once) in orange.  Returns
-    the Axes."""
+    """Recompute cost against planned peak for jg.pareto rows -- predicted milliseconds
+    where the rows were priced in measured time, else GFLOP: one-level plans in blue,
+    multi-level ones (a tensor recomputed more than once) in orange.  Returns the Axes."""
     plt = _pyplot()
     unit, scale = _unit(max(r["peak_bytes"] for r in rows), unit)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.5))
     peaks = [r["peak_bytes"] / scale for r in rows]
-    gflops = [r["recompute_flops"] / 1e9 for r in rows]
+    timed = all("recompute_seconds" in r for r in rows)
+    gflops = [1e3 * r["recompute_seconds"] if timed else r["recompute_flops"] / 1e9 for r in rows]
     ax.plot(peaks, gflops, "-", color="#999999", lw=0.8)
     multi = [r.get("max_recomputations", 1) > 1 for r in rows]
     for several, colour, label in ((False, "tab:blue", "one level"), (True, "tab:orange", "several levels")):
@@ -281,7 +282,7 @@ def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any
         if r["strategy"] not in ("budget", "revolve"):
             ax.annotate(r["strategy"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel(f"planned peak ({unit})")
-    ax.set_ylabel("recompute (GFLOP)")
+    ax.set_ylabel("recompute, predicted (ms)" if timed else "recompute (GFLOP)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax

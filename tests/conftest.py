@@ -5,6 +5,9 @@ import os
 # once); NUMBA_BOUNDSCHECK=0 in the environment runs the suite on unchecked code.  The flag is
 # part of jitgraph's cache key (_cache.py): checked and unchecked code live in separate folders.
 os.environ.setdefault("NUMBA_BOUNDSCHECK", "1")
+# the checkpoint planners price recomputation in FLOPs here, not in time measured on the host
+# (timing.py): plans that do not depend on the machine; tests of the measured model ask for it
+os.environ.setdefault("JITGRAPH_COSTS", "flops")
 
 import numpy as np
 import pytest
