@@ -112,12 +112,17 @@ def _recompute(G, st, v0, k, cur, lo, make_from, make_to, make_lo, step_of, n_st
 
 @njit(cache=True)
 def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, is_forward, cur, lo, make_from,
-                     make_to, make_lo, seg_of, step_of, n_steps, seen, counts):
+                     make_to, make_lo, seg_of, step_of, n_steps, seen, counts, stores):
     """Point the backward nodes [position, end_backward) at entries that serve their
-    segment.  ``counts``: [current segment, recomputed steps, copies], carried over
-    a resumption.  Returns (status, position): NEED_SPACE when fewer than
-    n_forward + 1 free rows remain before a node (one node's references copy each
-    forward node at most once) -- grow the table and call again from position."""
+    segment.  ``counts``: [current segment, recomputed steps, copies, stores made],
+    carried over a resumption.  ``stores``: the states a plan stores from a recomputation
+    (copies that serve beyond the segment making them), latest window first: one whose
+    window the rewrite leaves without having made it -- no backward node of those segments
+    read it (a dropout's rule reads no tensor) -- is made then, so the later segments find
+    it stored, as the plan counted on, instead of each recomputing it.  Returns (status,
+    position): NEED_SPACE when fewer than n_forward + 1 free rows remain before a node
+    (one node's references, or one store, copy each forward node at most once) -- grow the
+    table and call again from position."""
     src, origin = G.src, G.origin
     stack = np.empty(n_forward + 1, np.int64)
     for n in range(position, end_backward):
@@ -127,6 +132,14 @@ def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, i
         if 0 <= o < first_backward and is_forward[o]:
             counts[0] = seg_of[o]
         k = counts[0]
+        while counts[3] < stores.size and k < make_from[stores[counts[3]]]:
+            v = stores[counts[3]]
+            if not (cur[v] >= 0 and lo[v] <= make_lo[v]):          # never made in its window: make it now
+                if st[0] + n_forward + 1 > st[1]:
+                    return NEED_SPACE, n
+                _recompute(G, st, v, make_from[v], cur, lo, make_from, make_to, make_lo, step_of, n_steps, seen,
+                           stack, counts)
+            counts[3] += 1
         for j in range(MAX_SRC):
             s = src[n, j]
             if s < 0:
@@ -139,7 +152,7 @@ def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, i
 
 def run_rewrite(nodes, first: int, end: int, fwd_order: np.ndarray, sched: Schedule) -> np.ndarray:
     """Rewrite the backward part [first, end) of node table ``nodes`` (grown as
-    needed).  Returns counts: [last segment, recomputed steps, copies]."""
+    needed).  Returns counts: [last segment, recomputed steps, copies, stores passed]."""
     is_forward = np.zeros(first, np.uint8)
     is_forward[fwd_order] = 1
     cur = np.full(first, -1, np.int64)
@@ -149,7 +162,10 @@ def run_rewrite(nodes, first: int, end: int, fwd_order: np.ndarray, sched: Sched
     served = fwd_order[lo[fwd_order] < NEVER]
     cur[served] = served
     seen = np.full(sched.n_steps + 1, -1, np.int64)
-    counts = np.zeros(3, np.int64)
+    counts = np.zeros(4, np.int64)
+    mf = np.asarray(sched.make_from[:first], np.int64)
+    stores = fwd_order[(mf[fwd_order] >= 0) & (np.asarray(sched.make_lo[:first])[fwd_order] < mf[fwd_order])]
+    stores = stores[np.argsort(-mf[stores], kind="stable")]
     counts[0] = int(sched.seg_of[fwd_order].max()) if fwd_order.size else 0
     n_fwd = int(fwd_order.size)
     position = first
@@ -158,7 +174,7 @@ def run_rewrite(nodes, first: int, end: int, fwd_order: np.ndarray, sched: Sched
         st = np.array([nodes.n, nodes.capacity], np.int64)
         status, position = rewrite_backward(nodes.arrays(), st, first, end, position, n_fwd, is_forward, cur, lo,
                                             sched.make_from, sched.make_to, sched.make_lo, sched.seg_of, sched.step_of,
-                                            sched.n_steps, seen, counts)
+                                            sched.n_steps, seen, counts, stores)
         nodes.n = int(st[0])
         if status == OK:
             return counts
