@@ -301,11 +301,10 @@ class Planner:
         """(measure, keep) of the one-level DP plan with the least recompute that fits, or None."""
         best = None
         for end_alive in (1, 0):              # the two memory models (see budget_dp)
-            # binary search on the model's budget: a larger one keeps more, recomputes less
+            # binary search on the model's budget: a larger one keeps more, recomputes less;
+            # to 1/256 of the budget (a DP run each: finer steps change little and cost time)
             lo, hi = 0, int(budget)
-            for _ in range(24):
-                if lo > hi:
-                    break
+            while hi - lo >= max(1, budget >> 8):
                 mid = (lo + hi) // 2
                 keep = self.dp_keep(mid, end_alive)
                 if keep is None:

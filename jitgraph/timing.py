@@ -27,7 +27,7 @@ import numpy as np
 from . import _cache, registry
 from .cost import node_costs_flops
 from .errors import GraphError
-from .ir import F_INDEX, F_LEAF
+from .ir import F_INDEX, F_LEAF, N_IP
 from .graph import Tensor
 from .plan import K_VIEW
 from .program import ForwardGraph
@@ -35,6 +35,7 @@ from .threads import get_num_threads
 
 COSTS = ("measured", "flops")
 REPEATS = 3                  # runs of each node; the fastest counts
+IDENTITY_SLOTS = ("seed", "mask_id")     # int parameters that name a node's randomness, not its work
 _lock = threading.Lock()
 _memo: Dict[str, Dict[str, float]] = {}      # cache file -> its table, as read or written by this process
 
@@ -72,12 +73,44 @@ def _save(path: str, table: Dict[str, float]) -> None:
         pass                          # a read-only home: the figures are measured again next time
 
 
-def _key(graph, n: int, threads: int) -> str:
+def _signatures(graph, ids: np.ndarray, threads: int):
+    """(keys, which, first): the cache key of each distinct (op, dtype, shapes, parameters)
+    among nodes ``ids``, per node the index of its key, and per key its first node -- grouped
+    by numpy, so a key's string is made once per kind of node, not once per node."""
+    nodes = graph.nodes
+    if ids.size == 0:
+        return [], np.zeros(0, np.int64), ids
+    src = nodes.src[ids]
+    src_ndim = np.where(src >= 0, nodes.ndim[np.maximum(src, 0)], -1)
+    src_shape = np.where((src >= 0)[:, :, None], nodes.shape[np.maximum(src, 0)], -1).reshape(ids.size, -1)
+    rows = np.concatenate([nodes.op[ids, None].astype(np.int64), nodes.ndim[ids, None].astype(np.int64),
+                           nodes.shape[ids].astype(np.int64), src_ndim.astype(np.int64), src_shape.astype(np.int64),
+                           nodes.ip[ids].astype(np.int64), nodes.fp[ids].view(np.int64)], axis=1)
+    timed = _timed_ip()
+    at = 2 + nodes.shape.shape[1] + src_ndim.shape[1] + src_shape.shape[1]          # the ip columns
+    rows[:, at:at + N_IP] *= timed[nodes.op[ids]]
+    _, first, which = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    return [_key(graph, int(ids[i]), threads, timed) for i in first], which.reshape(-1), ids[first]
+
+
+def _timed_ip() -> np.ndarray:
+    """Per opcode, 1 for each int parameter slot that can change a kernel's time, 0 for
+    the ones in IDENTITY_SLOTS (a dropout's seed: each layer's its own, the same pass)."""
+    mask = np.ones((max(registry.OPS) + 1, N_IP), np.int64)
+    for code, op in registry.OPS.items():
+        for i, name in enumerate(op.ip_names):
+            if name in IDENTITY_SLOTS:
+                mask[code, i] = 0
+    return mask
+
+
+def _key(graph, n: int, threads: int, timed: np.ndarray) -> str:
     nodes = graph.nodes
     srcs = [int(s) for s in nodes.src[n] if s >= 0]
+    ip = nodes.ip[n] * timed[nodes.op[n]]
     return "|".join([registry.OPS[int(nodes.op[n])].name, graph.dtype.name, str(graph.shape_of(n)),
                      ";".join(str(graph.shape_of(s)) for s in srcs),
-                     ",".join(str(int(v)) for v in nodes.ip[n]), ",".join(repr(float(v)) for v in nodes.fp[n]),
+                     ",".join(str(int(v)) for v in ip), ",".join(repr(float(v)) for v in nodes.fp[n]),
                      str(threads)])
 
 
@@ -90,19 +123,18 @@ def node_costs(graph, fwd, costs: str) -> np.ndarray:
         return node_costs_flops(nodes.arrays(), nodes.n, order, registry.table("flops"))
     out = np.zeros(nodes.n, np.int64)
     computed = order[((nodes.flags[order] & F_LEAF) == 0) & (registry.table("kind")[nodes.op[order]] != K_VIEW)]
-    threads = get_num_threads()
-    keys = {int(n): _key(graph, int(n), threads) for n in computed}
+    keys, which, first = _signatures(graph, computed, get_num_threads())
     path = _path()
     with _lock:
         table = _table(path)
-        if any(k not in table for k in keys.values()):
+        missing = [i for i, k in enumerate(keys) if k not in table]
+        if missing:
             seconds = _measure(graph, fwd)
-            for n, k in keys.items():
-                if k not in table:
-                    table[k] = float(seconds[n])
+            for i in missing:              # one node of each kind: its figure (all ran alone, the same)
+                table[keys[i]] = float(seconds[first[i]])
             _save(path, table)
-        for n, k in keys.items():
-            out[n] = max(1, int(round(table[k] * 1e9)))
+        ns = np.array([max(1, int(round(table[k] * 1e9))) for k in keys], np.int64)
+        out[computed] = ns[which]
     return out
 
 

@@ -50,6 +50,23 @@ def test_measured_costs_time_each_computed_node_once_per_host(own_cache, monkeyp
     assert calls == [1, 1]
 
 
+def test_one_figure_per_kind_of_node(own_cache):
+    """Nodes that differ only in a dropout's seed (each layer's its own) do the same work:
+    one cache entry, one figure; another shape or p is another kind."""
+    fwd, _ = chain(n_layers=6)
+    g = fwd.graph
+    ns = timing.node_costs(g, fwd, "measured")
+    by_op = {}
+    for n in fwd.order:
+        by_op.setdefault(jg.registry.OPS[int(g.nodes.op[n])].name, set()).add(int(ns[n]))
+    assert len(by_op["dropout"]) == 1 and len(by_op["matmul"]) == 1 and len(by_op["relu"]) == 1
+    table = timing._table(timing._path())
+    assert sum(k.startswith("dropout|") for k in table) == 1
+    h = jg.dropout(fwd.outputs[0].graph.input((64, 32), name="y"), 0.2, seed=3)
+    timing.node_costs(h.graph, jg.build_forward(jg.mean(h)), "measured")
+    assert sum(k.startswith("dropout|") for k in timing._table(timing._path())) == 2
+
+
 def test_flop_costs_are_the_flop_model():
     fwd, _ = chain(3)
     G = fwd.graph.nodes.arrays()
