@@ -5,8 +5,8 @@ from typing import Callable
 from . import _target  # noqa: F401  -- first: the vector width, before Numba sets up its code generator
 from . import _cache  # noqa: F401  -- the compiled-code cache folder, before anything is jitted
 from . import ops, optim  # noqa: F401  -- importing ops declares every op in the op table
-from .autodiff import build_backward, grad, pareto
-from .checkpoint import checkpoint
+from .autodiff import build_backward, grad, pareto, plans
+from .segments import checkpoint
 from .errors import GraphError
 from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor, public_builders
@@ -20,7 +20,7 @@ __version__ = "0.2.0.dev0"
 
 __all__ = [
     "Graph", "Tensor", "GraphError", "build_forward", "build_backward", "grad", "ForwardGraph", "BackwardGraph",
-    "checkpoint", "pareto", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim",
+    "checkpoint", "pareto", "plans", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim",
     "train", "batches", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
 ]
 globals().update(public_builders())     # jitgraph.relu, jitgraph.matmul ...: read from the op table

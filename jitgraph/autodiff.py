@@ -4,21 +4,22 @@ the backward expansion (backward.py), the checkpoint rewrite and its strategies
 from typing import Any, List, Optional, Sequence, Union
 
 from .backward import differentiate
-from .checkpoint import Planner, apply, choose_plan
+from .checkpoint import Plan, Planner
+from .strategies import apply, choose_plan
 from .errors import GraphError
 from .graph import Graph, Tensor
 from .ir import F_LOSS, F_RECOMPUTED
 from .program import BackwardGraph, ForwardGraph, build_forward
 from .timing import chosen as chosen_costs
 
-__all__ = ["build_backward", "grad", "pareto"]
+__all__ = ["build_backward", "grad", "pareto", "plans"]
 
 
 def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Tensor]] = None,
                    memory_budget: Optional[int] = None, policy: Optional[str] = None, in_place: bool = True,
                    zero_table: bool = True, slots: Optional[int] = None,
                    fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto",
-                   costs: Optional[str] = None) -> BackwardGraph:
+                   costs: Optional[str] = None, plan: Optional[Plan] = None) -> BackwardGraph:
     """Differentiate ``fwd``'s loss (its one, scalar output) with respect to every
     param it depends on (ggml_build_backward_expand).
 
@@ -36,6 +37,8 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
       recompute the memory-bound (elementwise) ones;
     * ``memory_budget=bytes``: the plan (one level or several) with the least
       recompute whose exact planned peak fits; GraphError naming the smallest peak found when none does;
+    * ``plan=``: a Plan listed by ``jg.plans(fwd, budget)`` or ``jg.pareto(fwd)`` (a row's
+      ``"plan"``), built as it was priced there -- to try the runners-up, or keep a choice;
     * tensors built inside ``jg.checkpoint(fn, ...)`` segments are recomputed.
 
     Gradients are bit-identical to the un-checkpointed ones for every strategy.
@@ -66,7 +69,7 @@ def build_backward(fwd: ForwardGraph, checkpoints: Union[None, str, Sequence[Ten
         params, grad_nodes = differentiate(g, fwd.order, loss.id, zero_table)
         end = g.nodes.n
         planner = Planner(g, fwd, first, end, grad_nodes, in_place, fuse, remat, costs)
-        sched = choose_plan(planner, checkpoints, memory_budget, policy, slots)
+        sched = choose_plan(planner, checkpoints, memory_budget, policy, slots, plan)
         if sched is not None:
             apply(g, fwd, first, end, sched)
         bwd = BackwardGraph(fwd, params, grad_nodes, in_place=in_place, fuse=fuse)
@@ -101,15 +104,37 @@ def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
     "flops" it is the FLOP model's.  Works on a scratch copy: ``fwd``'s graph is not changed.
     """
     costs = chosen_costs(costs, "pareto")
-    if not isinstance(fwd, ForwardGraph) or len(fwd.outputs) != 1 or fwd.outputs[0].shape != ():
-        raise GraphError("pareto: expects the ForwardGraph of a scalar loss")
+    return _in_time(_scratch_planner(fwd, "pareto", in_place, fuse, remat, costs).frontier(n_budgets), costs)
+
+
+def plans(fwd: ForwardGraph, memory_budget: int, in_place: bool = True, fuse: Union[bool, str] = "auto",
+          remat: Union[bool, str] = "auto", costs: Optional[str] = None) -> List[dict]:
+    """Every plan the planners can build whose planned peak fits ``memory_budget`` bytes: the
+    budget search's candidates and the frontier survey's (one level and several), as rows
+    like ``pareto``'s, the least recompute cost first -- the first is what
+    ``build_backward(fwd, memory_budget=...)`` builds.  Each row's ``"plan"`` builds that
+    plan: ``build_backward(fwd, plan=row["plan"])``.  An empty list when none fits.
+    Works on a scratch copy: ``fwd``'s graph is not changed."""
+    costs = chosen_costs(costs, "plans")
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
+        raise GraphError(f"plans: memory_budget must be a positive number of bytes (int), got {memory_budget!r}")
+    planner = _scratch_planner(fwd, "plans", in_place, fuse, remat, costs)
+    return _in_time(planner.plans(int(memory_budget)), costs)
+
+
+def _scratch_planner(fwd: ForwardGraph, what: str, in_place: bool, fuse: Any, remat: Any, costs: str) -> Planner:
+    """A Planner of ``fwd``'s loss on a scratch copy of its graph."""
+    _check_remat(remat, what)
+    loss = _scalar_loss(fwd, what)
     scratch = fwd.graph.scratch_copy()
+    scratch.nodes.flags[loss.id] |= F_LOSS
     first = scratch.nodes.n
-    _, grad_nodes = differentiate(scratch, fwd.order, fwd.outputs[0].id)
-    _check_remat(remat, "pareto")
-    planner = Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse,
-                      remat, costs)
-    rows = planner.frontier(n_budgets)
+    _, grad_nodes = differentiate(scratch, fwd.order, loss.id)
+    return Planner(scratch, _ShadowForward(scratch, fwd), first, scratch.nodes.n, grad_nodes, in_place, fuse,
+                   remat, costs)
+
+
+def _in_time(rows: List[dict], costs: str) -> List[dict]:
     for r in rows:
         if costs == "measured":
             r["recompute_seconds"] = r["recompute_cost"] * 1e-9

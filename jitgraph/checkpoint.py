@@ -1,5 +1,6 @@
 """Gradient checkpointing: the plans that choose what the backward pass
-recomputes, and the segment API.
+recomputes (build_backward's arguments become one in strategies.py, jg.checkpoint's
+segments are marked in segments.py).
 
 After ``build_backward`` has expanded the ordinary backward graph, the rewrite
 (rewrite.py, ggml_build_backward_gradient_checkpointing) points every backward
@@ -9,10 +10,13 @@ at most once (an explicit checkpoint list, ``jg.checkpoint`` segments,
 ``"sqrt"``, ``policy="save_matmuls"``, the budget DP) -- or several levels
 (``"revolve"``: Griewank & Walther's binomial schedule over the graph's narrow
 points, revolve.py), where recomputed states seed later recomputations.
-``memory_budget`` and ``jg.pareto`` weigh both kinds by the exact planned peak (trial.py) and
-their recompute cost, measured on the host or in FLOPs (timing.py).
+``memory_budget``, ``jg.plans`` and ``jg.pareto`` weigh both kinds by the exact planned peak
+(trial.py) and their recompute cost, measured on the host or in FLOPs (timing.py); a
+``Plan`` is one of them as a value, listed and built again (``build_backward(plan=)``).
 """
-from typing import Any, Callable
+import zlib
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -20,12 +24,10 @@ from . import registry
 from .budget import budget_dp
 from .cost import REMAT_MIN_ELEMENTS, analyze_forward, compute_bound, not_worth_saving, remake_table
 from .errors import GraphError
-from .graph import Tensor
-from .ir import F_CHECKPOINT, F_LEAF, F_SEGMENT
-from .ops.common import graph_of
+from .ir import F_CHECKPOINT, F_LEAF
 from .plan import K_VIEW
-from .revolve import FIRST_SWEEP, RECOMPUTED, default_slots, optimal_steps, schedule
-from .rewrite import NEVER, Schedule, one_level, run_rewrite
+from .revolve import FIRST_SWEEP, RECOMPUTED, optimal_steps, schedule
+from .rewrite import NEVER, Schedule, one_level
 from .running import statistics_nodes
 from .timing import node_costs
 from .trial import Trial
@@ -63,6 +65,22 @@ def sqrt_checkpoints(order, saved, cut, size):
 
 # ---- the strategies ---------------------------------------------------------------------------
 
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One checkpointing plan of one forward graph, as ``jg.plans`` and ``jg.pareto`` list
+    them and ``build_backward(fwd, plan=...)`` builds it again: a keep mask over the forward
+    order (one level) or a Revolve schedule's (slots, group, fine).  ``graph``: what it was
+    planned for -- (the loss, a checksum of the forward order)."""
+    words: str
+    graph: tuple
+    keep: Optional[np.ndarray] = field(default=None, repr=False)
+    revolve: Optional[tuple] = None
+
+    def __repr__(self) -> str:
+        return f"Plan({self.words!r})"
+
+
+
 MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow point
 
 
@@ -76,6 +94,7 @@ class Planner:
         self._cost = None
         self.chosen = "none"          # what the strategy chose, in words (stats()["plan"])
         self._labels: dict = {}       # id of a revolve Schedule -> its words
+        self._revolves: dict = {}     # id of a revolve Schedule -> (slots, group, fine)
         self.order = fwd.order
         self.loss = fwd.outputs[0].id
         self.itemsize = graph.dtype.itemsize
@@ -83,6 +102,7 @@ class Planner:
         self._analysis = None
         self._trial = None
         self._steps = None
+        self._policy = None
 
     @property
     def analysis(self):
@@ -169,6 +189,13 @@ class Planner:
     def compute_bound(self):
         return self.order[compute_bound(self.graph.nodes.op[self.order])]
 
+    @property
+    def policy(self):
+        """The keep mask of policy="save_matmuls": compute-bound results kept, the rest recomputed."""
+        if self._policy is None:
+            self._policy = self.without_cheap(self.keep(kept_ids=self.compute_bound(), recompute_ids=self.order))
+        return self._policy
+
     def sqrt(self):
         return sqrt_checkpoints(self.order, self.saved, self.cut, self.size)
 
@@ -240,6 +267,7 @@ class Planner:
         orig_lo[self.loss] = 0
         orig_lo[statistics_nodes(nodes, order)] = 0          # batch statistics: io slots, kept for free
         sched = Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
+        self._revolves[id(sched)] = (int(slots), int(group), bool(fine))
         self._labels[id(sched)] = (f"revolve, {slots} slots over {n} steps"
                                    + (f" of {group} narrow points" if group > 1 else "") + (", fine tapes" if fine else ""))
         return sched
@@ -340,7 +368,8 @@ class Planner:
                 best, cost_bound = (m, lean), cost(m)
             states = self.states[group - 1::group]
             unit = max(1, int(self.size[states].max()) * self.itemsize) if states.size else 1
-            slots, tries = min(most, least + (budget - m["peak_bytes"]) // unit), 0
+            # a state can cost less than the largest one: one more slot is always worth a try
+            slots, tries = min(most, least + max(1, (budget - m["peak_bytes"]) // unit)), 0
             while slots > least and tries < 8:
                 tries += 1
                 sched = self.revolve(int(slots), group, fine)
@@ -372,6 +401,9 @@ class Planner:
             m = self.trial.measure(lean)
             if m["peak_bytes"] <= budget and (one is None or cost(m) <= cost(one[0])):
                 one = (m, lean)
+        m = self.trial.measure(self.policy)           # policy save_matmuls: products kept, the rest recomputed
+        if m["peak_bytes"] <= budget and (one is None or cost(m) < cost(one[0])):
+            one = (m, self.policy)
         found = []
         multi = self._revolve_for_budget(budget, None if one is None else cost(one[0]), found)
         best = multi if multi is not None else one
@@ -388,16 +420,85 @@ class Planner:
             self.chosen = "memory_budget: " + self._describe(plan, lean)
             return plan if isinstance(plan, Schedule) else self.schedule(plan)
         floor = min(f[0]["peak_bytes"] for f in found)
+        plain = min(none_peak, self.trial.measure(lean)["peak_bytes"])     # as build_backward plans it
         raise GraphError(f"memory_budget of {budget} bytes cannot be met: the smallest planned peak "
-                         f"found is {floor} bytes (without checkpointing: {none_peak} bytes)")
+                         f"found is {floor} bytes (without checkpointing: {plain} bytes)")
 
-    def _describe(self, plan, lean):
+    def _describe(self, plan, lean=None):
         """A plan in words."""
         if isinstance(plan, Schedule):
             return self._labels.get(id(plan), "multi-level")
         if plan is lean:
             return "remat (the plain plan, cheap values remade)"
-        return f"one level, {int(np.count_nonzero(plan[self.order]))} of {self.order.size} forward tensors kept"
+        if self._policy is not None and np.array_equal(plan, self._policy):
+            return "policy save_matmuls (products and reductions kept)"
+        kept = int(np.count_nonzero(plan[self.order]))
+        if kept == self.order.size:
+            return "none (every forward tensor kept)"
+        return f"one level, {kept} of {self.order.size} forward tensors kept"
+
+    # -- plans as values: listed, then built again --
+    @property
+    def fingerprint(self):
+        return (int(self.loss), zlib.crc32(np.ascontiguousarray(self.order, np.int64).tobytes()))
+
+    def as_plan(self, plan, words=None):
+        """The Plan of a keep mask or a revolve Schedule."""
+        words = words or self._describe(plan)
+        if isinstance(plan, Schedule):
+            return Plan(words, self.fingerprint, revolve=self._revolves[id(plan)])
+        keep = np.array(plan[self.order], np.uint8)
+        keep.flags.writeable = False
+        return Plan(words, self.fingerprint, keep=keep)
+
+    def from_plan(self, plan):
+        """The Schedule of a Plan listed for this forward graph."""
+        if not isinstance(plan, Plan):
+            raise GraphError("build_backward: plan must be a Plan from jg.plans or jg.pareto (a row's 'plan'), "
+                             f"got {type(plan).__name__}")
+        if plan.graph != self.fingerprint:
+            raise GraphError(f"build_backward: plan {plan.words!r} was made for another forward graph (or this one "
+                             "has changed since); list the plans of this one with jg.plans(fwd, ...)")
+        self.chosen = "plan given: " + plan.words
+        self.cost                                  # priced: stats() give its predicted recompute
+        if plan.revolve is not None:
+            sched = self.revolve(*plan.revolve)
+            self._mark_states(sched)
+            return sched
+        keep = np.zeros(self.end, np.uint8)
+        keep[self.order] = plan.keep
+        return self.schedule(keep)
+
+    def _mark_states(self, sched):
+        """Flag the states a revolve schedule keeps from the forward pass as checkpoints."""
+        states = self.order[self.states]
+        self.graph.nodes.flags[states[(sched.orig_lo[states] > 0) & (sched.orig_lo[states] < NEVER)]] |= F_CHECKPOINT
+
+    def plans(self, budget):
+        """Every distinct plan the budget search and the frontier survey measure whose
+        planned peak fits ``budget``, as rows, the least recompute cost first."""
+        self.trial.log = []
+        try:
+            self.for_budget(budget)
+        except GraphError:
+            pass                              # nothing fits: the survey may still list none
+        self.frontier()
+        log, self.trial.log = self.trial.log, None
+        lean = self.without_cheap(self.keep_all())
+        rows, seen = [], set()
+        for plan, m in log:
+            if m["peak_bytes"] > budget:
+                continue
+            remade = not isinstance(plan, Schedule) and plan.size == lean.size and np.array_equal(plan, lean)
+            p = self.as_plan(plan, self._describe(lean, lean) if remade else None)
+            key = p.revolve if p.revolve is not None else p.keep.tobytes()
+            if key in seen:
+                continue
+            seen.add(key)
+            self.trial.cost(m)
+            rows.append(dict(strategy=p.words, plan=p, **{k: v for k, v in m.items() if k != "recomputes"}))
+        rows.sort(key=lambda r: (r["recompute_cost"], r["peak_bytes"]))
+        return rows
 
     def _survey(self, none_peak):
         plans = [self.keep(kept_ids=self.sqrt())]
@@ -412,7 +513,7 @@ class Planner:
         """Rows of (peak, recompute flops, ...) of one-level plans over budgets from the
         smallest to none and of multi-level plans over slot counts, Pareto-filtered."""
         def row(strategy, plan, **extra):
-            return dict(strategy=strategy, **extra, **self.trial.measure(plan))
+            return dict(strategy=strategy, **extra, plan=self.as_plan(plan), **self.trial.measure(plan))
 
         one = dict(budget=None, slots=None, group=None, fine=None)
         keep_all = self.keep_all()
@@ -422,6 +523,7 @@ class Planner:
         if lean is not keep_all:
             rows.append(row("remat", lean, **one))
         rows.append(row("sqrt", self.keep(kept_ids=self.sqrt()), **one))
+        rows.append(row("save_matmuls", self.policy, **one))
         lo = max(1, min(rows[-1]["peak_bytes"], none_peak) // 8)      # an eighth of the sqrt plan's peak
         for b in np.unique(np.geomspace(lo, none_peak, n_budgets).astype(np.int64)):
             for end_alive in (1, 0):
@@ -443,141 +545,3 @@ class Planner:
                 front.append(r)
                 best_cost = r["recompute_cost"]
         return front
-
-
-def choose_plan(planner, checkpoints, memory_budget, policy, slots=None):
-    """The Schedule for the requested strategy, or None (nothing to recompute)."""
-    graph, order = planner.graph, planner.order
-    nodes = graph.nodes
-    if slots is not None and not (isinstance(checkpoints, str) and checkpoints == "revolve"):
-        raise GraphError("build_backward: slots= goes with checkpoints='revolve'")
-    if memory_budget is not None:
-        if checkpoints is not None or policy is not None:
-            raise GraphError("build_backward: give memory_budget alone; it chooses the checkpoints itself")
-        if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)):
-            raise GraphError(f"build_backward: memory_budget must be a number of bytes (int), got {memory_budget!r}")
-        if memory_budget <= 0:
-            raise GraphError(f"build_backward: memory_budget must be positive, got {memory_budget}")
-        return planner.for_budget(int(memory_budget))
-    if isinstance(checkpoints, str) and checkpoints == "revolve":
-        if policy is not None:
-            raise GraphError("build_backward: checkpoints='revolve' chooses what to keep itself; give no policy")
-        sched = planner.revolve(_slots(planner, slots))
-        planner.chosen = planner._labels[id(sched)]
-        states = planner.order[planner.states]
-        nodes.flags[states[(sched.orig_lo[states] > 0) & (sched.orig_lo[states] < NEVER)]] |= F_CHECKPOINT
-        return sched
-    kept, recompute = [], None
-    if checkpoints is not None:
-        if isinstance(checkpoints, str):
-            if checkpoints != "sqrt":
-                raise GraphError(f"build_backward: unknown checkpoint strategy {checkpoints!r}; "
-                                 "use 'sqrt', 'revolve', a list of tensors, policy= or memory_budget=")
-            kept = planner.sqrt()
-            planner.chosen = f"sqrt: {len(kept)} checkpoints"
-        else:
-            kept = _checkpoint_ids(graph, order, checkpoints, planner.fwd.outputs[0])
-            planner.chosen = f"{len(kept)} checkpoints given"
-    if policy is not None:
-        if policy != "save_matmuls":
-            raise GraphError(f"build_backward: unknown policy {policy!r}; the policy is 'save_matmuls'")
-        kept = list(kept) + planner.compute_bound().tolist()
-        planner.chosen = "policy save_matmuls" + (f", {planner.chosen}" if checkpoints is not None else "")
-        if checkpoints is None:
-            recompute = order                 # everything but what the policy saves
-    if checkpoints is None and policy is None:
-        seg = (nodes.flags[order] & F_SEGMENT) != 0
-        recompute = order[seg & ((nodes.flags[order] & F_CHECKPOINT) == 0)]
-        keep = planner.without_cheap(planner.keep(recompute_ids=recompute))
-        planner.chosen = ("jg.checkpoint segments" if seg.any() else "none") + \
-            (", cheap values remade (remat)" if not keep[order[~seg]].all() else "")
-        if not seg.any() and keep[order].all():
-            return None                       # nothing to recompute: no rewrite
-        return planner.schedule(keep)
-    for n in kept:
-        nodes.flags[n] |= F_CHECKPOINT
-    if recompute is not None:
-        return planner.schedule(planner.without_cheap(planner.keep(kept_ids=kept, recompute_ids=recompute)))
-    return planner.schedule(planner.without_cheap(planner.keep(kept_ids=kept)))
-
-
-def _slots(planner, slots):
-    n_steps = planner.states.size + 1
-    if slots is None:
-        return default_slots(n_steps) - 1
-    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 0:
-        raise GraphError(f"build_backward: slots must be a number of stored states (int >= 0), got {slots!r}")
-    return int(slots)
-
-
-def _checkpoint_ids(graph, order, checkpoints, loss):
-    try:
-        items = list(checkpoints)
-    except TypeError:
-        raise GraphError("build_backward: checkpoints must be a list of tensors or 'sqrt'") from None
-    in_order = set(order.tolist())
-    ids = []
-    for t in items:
-        if not isinstance(t, Tensor):
-            raise GraphError(f"build_backward: checkpoints must be Tensors, got {type(t).__name__}")
-        if t.graph is not graph:
-            raise GraphError(f"build_backward: checkpoint {t.label!r} belongs to a different graph")
-        t_id = t.id       # a transpose outside the order is read through (attention reads heads as they lie)
-        while t_id not in in_order and int(graph.nodes.op[t_id]) == registry.TRANSPOSE:
-            t_id = int(graph.nodes.src[t_id, 0])
-        if t_id not in in_order:
-            raise GraphError(f"build_backward: checkpoint {t.label!r} is not in the forward graph of "
-                             f"loss {loss.label!r}")
-        ids.append(t_id)
-    return ids
-
-
-def apply(graph, fwd, first, end, sched):
-    """Run the rewrite of Schedule ``sched`` on the real graph; returns the number of
-    recomputed steps."""
-    return int(run_rewrite(graph.nodes, first, end, fwd.order, sched)[1])
-
-
-# ---- the segment API ------------------------------------------------------------------------------
-def checkpoint(fn: Callable[..., Any], *tensors: Tensor) -> Any:
-    """Build ``fn(*tensors)`` as a segment that the backward pass recomputes.
-
-    Only the segment's inputs and its output are kept through the forward pass;
-    every tensor built inside is recomputed when backward needs it (like
-    torch.utils.checkpoint / jax.checkpoint).  Params used inside get their
-    gradients as usual.  Segments nest: an inner segment belongs to the outer one,
-    whose output alone is kept.  ``fn`` may return a Tensor or a tuple of Tensors.
-
-    ``fn`` runs once, now, to build the graph -- nothing is traced or replayed
-    later -- so closing over a loop variable is safe:
-    ``for W in Ws: h = jg.checkpoint(lambda t: jg.relu(t @ W), h)`` uses each
-    W once (in tape-based libraries the late-bound W can bite at replay time).
-    An exception inside ``fn`` (at any depth of nesting) propagates unchanged and leaves
-    the graph exactly as it was: the nodes, names, params and consts the segment made are
-    gone, and a name given inside can be used again.
-    """
-    if not callable(fn):
-        raise GraphError(f"checkpoint: the first argument must be the segment function, got {type(fn).__name__}")
-    g = graph_of("checkpoint", *tensors)
-    start = g.nodes.n
-    with g.transaction():                 # fn raising (here or nested) leaves the graph as it was
-        g._segment_depth += 1
-        try:
-            out = fn(*tensors)
-        finally:
-            g._segment_depth -= 1
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        if not outs or not all(isinstance(t, Tensor) for t in outs):
-            got = type(out).__name__ if not isinstance(out, (tuple, list)) else \
-                ", ".join(type(t).__name__ for t in outs) or "an empty sequence"
-            raise GraphError(f"checkpoint: the segment function must return a Tensor or a tuple of Tensors, got {got}")
-        for t in outs:
-            if t.graph is not g:
-                raise GraphError(f"checkpoint: the segment returned {t.label!r}, a tensor of another graph")
-        nodes = g.nodes
-        nodes.flags[start:nodes.n] |= F_SEGMENT
-        if g._segment_depth == 0:
-            for t in outs:
-                if t.id >= start:
-                    nodes.flags[t.id] |= F_CHECKPOINT
-    return out

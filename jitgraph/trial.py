@@ -26,6 +26,7 @@ class Trial:
         self.is_forward[fwd_order] = 1
         self._to_schedule = to_schedule
         self._by_keep: dict = {}      # a keep mask's bytes -> its measure (remat and the budget search ask again)
+        self.log = None               # a list: every plan measured in full is appended, (plan, measure)
 
     def measure(self, plan, cost_above=None):
         """dict(peak_bytes, recompute_flops, n_recomputed, recompute_steps,
@@ -39,6 +40,8 @@ class Trial:
         got = self._measure(plan, cost_above)
         if key is not None and got is not None:
             self._by_keep[key] = got
+        if self.log is not None and got is not None:
+            self.log.append((plan, got))
         return got
 
     def cost(self, m):

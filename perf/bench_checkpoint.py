@@ -13,6 +13,9 @@ Networks (float32):
                 D = 64; N = 100, 1,000 (--quick: 10, 100 with B = 64).  Weights from
                 models.chain_weights (activation RMS kept at the input's), so nothing
                 vanishes or explodes.
+  dropout chain N  the same with h = dropout(relu(h @ W_i), 0.1, seed=i), N = 1,000
+                (--quick: 100): three passes a layer, two of them cheap in FLOPs but not
+                in time ([5/6]'s chain).
   blocks L      L transformer-like blocks, B = 8, T = 64, D = 64: pre-norm single-head
                 attention (layer_norm, q/k/v, softmax(q k^T / sqrt(D)) v, out proj,
                 residual) then a pre-norm gelu MLP of width 4D with a residual;
@@ -62,11 +65,12 @@ recompute FLOPs) pairs none of which is beaten on both (one-level and multi-leve
 plotted to checkpoint_pareto.png in two colours.
 
 The issues' targets, shown as met / MISSED: for sqrt on the N = 1,000, B = 1,024 chain,
-planned peak <= 0.07 x none and fwd+bwd time <= 1.3 x none; a multi-level plan there
-with peak <= 0.015 x none in <= 2.0 x none's time; revolve's recomputed steps equal
-Revolve's optimum t(N, slots + 1) on every chain; memory_budget = half of sqrt's peak
-met on 8 blocks; every strategy's loss and gradients bit-identical to none's on every
-network.  No assertion is made on timings.
+planned peak <= 0.07 x none and fwd+bwd time <= 1.3 x none; a multi-level plan with
+peak <= 0.015 x none in <= 2.0 x none's time on both N = 1,000 chains; revolve's
+recomputed steps equal Revolve's optimum t(N, slots + 1) on every relu chain; revolve
+with its default slots in <= 3.0 x none's time on every network; memory_budget = half
+of sqrt's peak met on 8 blocks; every strategy's loss and gradients bit-identical to
+none's on every network.  No assertion is made on timings.
 """
 import gc
 import math
@@ -104,6 +108,8 @@ TARGET_N = 1_000
 TARGET_PEAK_RATIO = 0.07
 TARGET_TIME_RATIO = 1.3
 TARGET_REVOLVE_TIME = 2.0
+TARGET_DEFAULT_REVOLVE = 3.0
+DROPOUT_P = 0.1
 TARGET_BLOCKS = "blocks L=8"
 
 # One freshly built network: feeds for run(), params in creation order (to pair the
@@ -113,16 +119,18 @@ Model = namedtuple("Model", "feeds params loss outs")
 
 # ---- networks -------------------------------------------------------------------------------
 
-def chain_builder(weights, xb):
+def chain_builder(weights, xb, dropout=False):
     def build():
         g = jg.Graph(np.float32)
         x = g.input(xb.shape, name="x")
         params, outs = [], []
         h = x
-        for w in weights:
+        for i, w in enumerate(weights):
             W = g.param(w)
             params.append(W)
             h = jg.relu(h @ W)
+            if dropout:
+                h = jg.dropout(h, DROPOUT_P, seed=i)
             outs.append(h)
         return Model({x: xb}, params, jg.mean(h), outs)
     return build
@@ -268,7 +276,7 @@ def bench_network(ctx, key, title, build, build_repeats, strategies=STRATEGIES, 
             "flops_ratio": flops / none_flops, "n_recomputed": st["n_recomputed"],
             "recompute_flops": st["recompute_flops"], "recompute_frac": recomputed / fwd_flops,
             "recompute_steps": st["recompute_steps"], "max_recomputations": st["max_recomputations"],
-            "build_s": t_build, "same": same[name],
+            "build_s": t_build, "same": same[name], "plan": st["plan"],
             "budget": strategy_kwargs(name, model, peaks).get("memory_budget"),
             "slots": strategy_kwargs(name, model, peaks).get("slots"),
         }
@@ -285,6 +293,7 @@ def pareto(build, measured):
     t0 = time.perf_counter()
     front = jg.pareto(fwd)
     seconds = time.perf_counter() - t0
+    front = [dict(r, plan=r["plan"].words) for r in front]          # the Plan in words: results.json
     off = []
     for name, r in measured.items():
         if "error" in r:
@@ -336,28 +345,41 @@ def targets(networks):
     return rows
 
 
-def revolve_targets(networks):
-    """[5/6]'s targets: a multi-level plan at <= 1.5% of none's peak on the N = 1,000 chain
-    within 2x the time; revolve's recomputed steps = t(N, s + 1) on every chain; half of
-    sqrt's peak met on the blocks."""
-    rows = []
-    chain = next((n for n in networks if n["key"] == f"chain N={TARGET_N:,}"), None)
-    what = f"multi-level plan with peak <= {REVOLVE_FRACTION} x none, chain N={TARGET_N:,}: fwd+bwd / none"
+def lean_target(chain, key):
+    """The leanest-plan target on one chain: a multi-level plan with peak <= 1.5% of none's
+    within 2x the time."""
+    what = f"multi-level plan with peak <= {REVOLVE_FRACTION} x none, {key}: fwd+bwd / none"
     if chain is None:
-        rows.append({"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}", "measured": "not run (--quick)",
-                     "met": None})
-    else:
-        lean = {s: r for s, r in chain["strategies"].items() if s in CHAIN_EXTRA and "error" not in r
-                and r["peak_ratio"] <= REVOLVE_FRACTION}
-        if not lean:
-            rows.append({"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}", "measured": "no plan that lean",
-                         "met": False})
+        return {"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}", "measured": "not run (--quick)", "met": None}
+    lean = {s: r for s, r in chain["strategies"].items() if s in CHAIN_EXTRA and "error" not in r
+            and r["peak_ratio"] <= REVOLVE_FRACTION}
+    if not lean:
+        return {"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}", "measured": "no plan that lean", "met": False}
+    name, r = min(lean.items(), key=lambda kv: kv[1]["run_ratio"])
+    return {"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}",
+            "measured": f"{r['run_ratio']:.3f} ({name}: peak {r['peak_ratio']:.4f} x, bit-identical: {r['same']})",
+            "met": r["run_ratio"] <= TARGET_REVOLVE_TIME and r["same"] == "yes"}
+
+
+def revolve_targets(networks):
+    """[5/6]'s targets: a multi-level plan at <= 1.5% of none's peak on the N = 1,000 chains
+    within 2x the time; revolve's default within 3x on every network; revolve's recomputed
+    steps = t(N, s + 1) on every relu chain; half of sqrt's peak met on the blocks."""
+    rows = []
+    for key in (f"chain N={TARGET_N:,}", f"dropout chain N={TARGET_N:,}"):
+        rows.append(lean_target(next((n for n in networks if n["key"] == key), None), key))
+    for n in networks:
+        r = n["strategies"].get("revolve (default)")
+        if r is None:
+            continue
+        what = f"revolve (default slots), {n['key']}: fwd+bwd / none"
+        if "error" in r:
+            rows.append({"what": what, "wanted": f"<= {TARGET_DEFAULT_REVOLVE}", "measured": "GraphError", "met": False})
         else:
-            name, r = min(lean.items(), key=lambda kv: kv[1]["run_ratio"])
-            rows.append({"what": what, "wanted": f"<= {TARGET_REVOLVE_TIME}",
-                         "measured": f"{r['run_ratio']:.3f} ({name}: peak {r['peak_ratio']:.4f} x, "
-                                     f"bit-identical: {r['same']})",
-                         "met": r["run_ratio"] <= TARGET_REVOLVE_TIME and r["same"] == "yes"})
+            rows.append({"what": what, "wanted": f"<= {TARGET_DEFAULT_REVOLVE}",
+                         "measured": f"{r['run_ratio']:.3f} ({r['plan']}: peak {r['peak_ratio']:.4f} x, "
+                                     f"max {r['max_recomputations']} recomputations)",
+                         "met": r["run_ratio"] <= TARGET_DEFAULT_REVOLVE and r["same"] == "yes"})
     counts = [(n["key"], s, r) for n in networks if n["key"].startswith("chain")
               for s, r in n["strategies"].items() if s.startswith("revolve s=") and "error" not in r]
     wrong = [f"{k} / {s}" for k, s, r in counts
@@ -395,6 +417,9 @@ def run(ctx):
     weights = chain_weights(max(chain_ns), xb.shape[1], xb, rng)
     plan = [(f"chain N={n:,}", f"N-layer relu chain, N = {n:,}, B = {batch}, D = {CHAIN_D}",
              chain_builder(weights[:n], xb), STRATEGIES + CHAIN_EXTRA) for n in chain_ns]
+    plan.append((f"dropout chain N={max(chain_ns):,}", f"N-layer dropout(relu) chain, N = {max(chain_ns):,}, "
+                 f"B = {batch}, D = {CHAIN_D}, p = {DROPOUT_P}", chain_builder(weights, xb, dropout=True),
+                 STRATEGIES + CHAIN_EXTRA))
     plan += [(f"blocks L={L}", f"{L} transformer-like blocks, B = 8, T = 64, D = 64", blocks_builder(L),
               STRATEGIES + BLOCK_EXTRA) for L in block_ls]
     plan.append((f"blocks L={block_ls[0]} + dropout",

@@ -215,6 +215,12 @@ def jg_gpt(w, cfg, per_row_targets=False, **backward_kwargs):
     to the mean cross entropy: returns (bwd, idx input, one-hot targets input, {name: param}).
     The targets input is (B * T, vocab), or with ``per_row_targets`` (B, T, vocab), so that
     both inputs have the batch axis first (DataParallel shards them)."""
+    fwd, idx, targets, P = gpt_forward(w, cfg, per_row_targets)
+    return jg.build_backward(fwd, **backward_kwargs), idx, targets, P
+
+
+def gpt_forward(w, cfg, per_row_targets=False):
+    """jg_gpt's forward program: (fwd, idx input, targets input, {name: param})."""
     B, T = cfg.batch, cfg.T
     g = jg.Graph(np.float32)
     P = {k: g.param(v, name=k) for k, v in w.items()}
@@ -229,8 +235,7 @@ def jg_gpt(w, cfg, per_row_targets=False, **backward_kwargs):
 
     logits = jg.reshape(gpt_logits(P, idx, cfg, B, attend), (B * T, cfg.vocab))
     flat = jg.reshape(targets, (B * T, cfg.vocab)) if per_row_targets else targets
-    bwd = jg.build_backward(jg.build_forward(jg.cross_entropy(logits, flat)), **backward_kwargs)
-    return bwd, idx, targets, P
+    return jg.build_forward(jg.cross_entropy(logits, flat)), idx, targets, P
 
 
 def torch_gpt(torch, w, cfg):

@@ -90,6 +90,13 @@ def jg_resnet(weights, stats, cfg, dtype=np.float32, **backward_kwargs):
     """The ResNet in jitgraph, fwd+bwd to the mean cross entropy on integer labels, batch
     norm in training mode.  Returns (bwd, images input, labels input, {name: param},
     {name: running-stat const})."""
+    fwd, x, labels, P, R = resnet_forward(weights, stats, cfg, dtype)
+    return jg.build_backward(fwd, **backward_kwargs), x, labels, P, R
+
+
+def resnet_forward(weights, stats, cfg, dtype=np.float32):
+    """jg_resnet's forward program: (fwd, images input, labels input, {name: param},
+    {name: running-stat const})."""
     g = jg.Graph(dtype)
     P = {k: g.param(v, name=k) for k, v in weights.items()}
     R = {k: g.const(v, name=k) for k, v in stats.items()}
@@ -107,8 +114,7 @@ def jg_resnet(weights, stats, cfg, dtype=np.float32, **backward_kwargs):
             h = bn(jg.conv2d(h, P[name + ".sc"], stride=stride), name + ".scbn")
         h = jg.relu(y + h)
     logits = jg.mean(h, axis=(2, 3)) @ P["fc.w"] + P["fc.b"]
-    bwd = jg.build_backward(jg.build_forward(jg.cross_entropy(logits, labels)), **backward_kwargs)
-    return bwd, x, labels, P, R
+    return jg.build_forward(jg.cross_entropy(logits, labels)), x, labels, P, R
 
 
 def torch_resnet(torch, weights, stats, cfg):

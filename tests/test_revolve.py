@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg
 from jitgraph.backward import differentiate
-from jitgraph.checkpoint import Planner, apply
+from jitgraph.checkpoint import Planner
+from jitgraph.strategies import apply
 from jitgraph.ir import F_RECOMPUTED
 from jitgraph.revolve import default_slots, optimal_steps, repetitions
 
