@@ -370,21 +370,27 @@ class Planner:
             unit = max(1, int(self.size[states].max()) * self.itemsize) if states.size else 1
             # a state can cost less than the largest one: one more slot is always worth a try
             slots, tries = min(most, least + max(1, (budget - m["peak_bytes"]) // unit)), 0
+            up = True                         # moving up from a fit, down from a miss
             while slots > least and tries < 8:
                 tries += 1
                 sched = self.revolve(int(slots), group, fine)
                 m = self.trial.measure(sched, cost_above=cost_bound)
-                if m is None:                 # fewer slots only recompute more
+                if m is None:                 # dearer than the best: fewer slots recompute more,
+                    if up and slots < most:   # but steps of unequal prices can make one more slot
+                        slots += 1            # dearer and the next one cheaper again
+                        continue
                     break
                 if m["peak_bytes"] <= budget:
                     best, cost_bound = (m, sched), cost(m)
                     if slots >= most:
                         break
                     slots += 1                # the guess may be short: try one more
+                    up = True
                     continue
                 if best is not None and best[1] is not lean and cost(best[0]) <= cost(m):
                     break
                 slots -= max(1, (m["peak_bytes"] - budget) // unit)
+                up = False
         return best
 
     def for_budget(self, budget):

@@ -9,7 +9,9 @@ Over the execution order:
   the view is read;
 * every other node gets an offset in one arena, chosen best-fit from a free
   list whose neighbouring blocks merge; a buffer returns to the free list right
-  after its last reader;
+  after its last reader; then the same buffers, with the same lifetimes, are packed
+  again largest first (``_pack``), and that packing is kept when its high-water mark is
+  lower (best fit in execution order can leave holes a later, larger buffer cannot use);
 * an elementwise node may write in place over a source that dies at that node
   and has its size.
 
@@ -100,6 +102,48 @@ def _give(fl_off, fl_size, nfree, top, off, size):
     return nfree, top
 
 
+MAX_PACKED = 4096          # buffers: above it the packing's pairwise scan costs more than it saves
+
+
+@njit(cache=True)
+def _pack(start, end, size):
+    """Offsets for buffers alive over steps [start, end] (inclusive: one freed after step t
+    and one taken at step t overlap), placed largest first, each in the smallest gap the
+    buffers placed already leave in its lifetime (else above them): "greedy by size"
+    (Pisarchyk & Lee, 2020), which leaves fewer holes than best fit in execution order.
+    Returns (offsets, high-water mark)."""
+    nb = size.size
+    by_size = np.argsort(-(size * (4 * (end.max() + 2)) + (end - start)), kind="mergesort")
+    offs = np.zeros(nb, np.int64)
+    placed = np.empty(nb, np.int64)
+    near_off = np.empty(nb, np.int64)
+    near_end = np.empty(nb, np.int64)
+    n_placed = 0
+    high = 0
+    for b in by_size:
+        k = 0
+        for j in range(n_placed):
+            p = placed[j]
+            if start[p] <= end[b] and start[b] <= end[p]:
+                near_off[k] = offs[p]
+                near_end[k] = offs[p] + size[p]
+                k += 1
+        at = np.argsort(near_off[:k])
+        best, best_gap, top = -1, np.iinfo(np.int64).max, 0
+        for i in at:
+            gap = near_off[i] - top
+            if gap >= size[b] and gap < best_gap:
+                best, best_gap = top, gap
+            if near_end[i] > top:
+                top = near_end[i]
+        offs[b] = best if best >= 0 else top
+        if offs[b] + size[b] > high:
+            high = offs[b] + size[b]
+        placed[n_placed] = b
+        n_placed += 1
+    return offs, high
+
+
 @njit(cache=True)
 def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
     """Plan ``order`` (``kinds``: registry.table("kind")).  ``io_nodes`` get persistent io slots (param gradients);
@@ -142,6 +186,14 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
     free_size = np.empty(m, np.int64)
     alloc_size = np.zeros(m, np.int64)
     nev = 0
+    # each arena buffer: its first and last step and size (for the packing below); an
+    # in-place node shares its source's buffer
+    buf = np.full(n_nodes, -1, np.int64)
+    b_start = np.empty(m, np.int64)
+    b_end = np.full(m, m, np.int64)             # never freed: alive to the end
+    b_size = np.empty(m, np.int64)
+    free_buf = np.empty(m, np.int64)
+    nbuf = 0
     for t in range(m):
         n = order[t]
         code = op[n]
@@ -173,10 +225,15 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
                         break
             if reused >= 0:
                 off[n] = off[reused]
+                buf[n] = buf[reused]
                 n_in_place += 1
             else:
                 off[n], nfree, top = _take(fl_off, fl_size, nfree, top, size)
                 alloc_size[t] = size
+                buf[n] = nbuf
+                b_start[nbuf] = t
+                b_size[nbuf] = size
+                nbuf += 1
                 if top > peak:
                     peak = top
         # free the owners whose last reader this is (once each, unless n took the buffer)
@@ -195,13 +252,27 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
                 nfree, top = _give(fl_off, fl_size, nfree, top, off[r], _size(shape, r))
                 free_off[nev] = off[r]
                 free_size[nev] = _size(shape, r)
+                free_buf[nev] = buf[r]
+                b_end[buf[r]] = t
                 nev += 1
         if last[n] == -1 and loc[n] == LOC_ARENA and kind != K_VIEW:      # nobody reads it
             nfree, top = _give(fl_off, fl_size, nfree, top, off[n], size)
             free_off[nev] = off[n]
             free_size[nev] = size
+            free_buf[nev] = buf[n]
+            b_end[buf[n]] = t
             nev += 1
         free_at[t + 1] = nev
+    if 1 < nbuf <= MAX_PACKED:
+        packed, packed_peak = _pack(b_start[:nbuf], b_end[:nbuf], b_size[:nbuf])
+        if packed_peak < peak:                # fewer holes than the walk's best fit left: take it
+            peak = packed_peak
+            for t in range(m):
+                n = order[t]
+                if loc[n] == LOC_ARENA and kinds[op[n]] != K_VIEW:
+                    off[n] = packed[buf[n]]
+            for e in range(nev):
+                free_off[e] = packed[free_buf[e]]
     for t in range(m):                        # io slots follow the arena in the run buffer
         n = order[t]
         if loc[n] == LOC_IO and kinds[op[n]] != K_VIEW:

@@ -252,3 +252,46 @@ def test_run_buffer_and_value_store_start_on_64_bytes(tmp_path, dtype):
     again = jg.load(tmp_path / "b.npz")
     assert again.graph.store.ctypes.data % 64 == 0
     assert float(again.run({"x": feeds[x]})) == loss
+
+
+def live_max(start, end, size):
+    """The most bytes alive at one step: a lower bound of any packing."""
+    steps = np.arange(max(end.max(), start.max()) + 1)
+    return max(int(size[(start <= t) & (end >= t)].sum()) for t in steps)
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 8), st.integers(1, 64)), min_size=1, max_size=40))
+@settings(max_examples=examples(60))
+def test_packing_puts_no_two_live_buffers_on_one_byte(bufs):
+    from jitgraph.plan import _pack
+    start = np.array([b[0] for b in bufs], np.int64)
+    end = start + np.array([b[1] for b in bufs], np.int64)
+    size = np.array([b[2] for b in bufs], np.int64) * 16
+    offs, high = _pack(start, end, size)
+    for i in range(len(bufs)):
+        assert 0 <= offs[i] and offs[i] + size[i] <= high
+        for j in range(i):
+            if start[i] <= end[j] and start[j] <= end[i]:          # alive together: disjoint bytes
+                assert offs[i] + size[i] <= offs[j] or offs[j] + size[j] <= offs[i], (i, j)
+    assert live_max(start, end, size) <= high <= int(size.sum())
+
+
+def test_packing_fills_the_hole_best_fit_in_order_leaves():
+    """A (2 units, steps 0-1) and B (1 unit, steps 0-3) come first; C (3 units, steps 2-3)
+    does not fit the hole A leaves, so best fit in execution order grows to 6 units;
+    largest first, C goes at the bottom and the plan needs 4 -- the live maximum."""
+    from jitgraph.plan import _pack
+    offs, high = _pack(np.array([0, 0, 2]), np.array([1, 3, 3]), np.array([32, 16, 48]))
+    assert high == 64 == live_max(np.array([0, 0, 2]), np.array([1, 3, 3]), np.array([32, 16, 48]))
+
+
+def test_every_listed_checkpoint_plan_of_a_gpt_is_packed_without_overlap():
+    from .rule_graphs import gpt
+    _, plain, feeds = gpt()
+    fwd = plain.forward
+    want = plain.run(feeds)
+    for r in jg.plans(fwd, plain.peak_bytes)[:8]:
+        prog = jg.build_backward(jg.build_forward(fwd.outputs[0]), plan=r["plan"])
+        check_no_overlap(prog)
+        assert prog.peak_bytes == r["peak_bytes"]
+        assert np.array_equal(prog.run(feeds, debug=True), want)

@@ -54,7 +54,7 @@ def test_memory_budget_chooses_the_cheapest_listed_plan(fraction):
     assert rows and chosen.stats()["predicted_recompute_flops"] == min(r["recompute_cost"] for r in rows)
 
 
-@pytest.mark.parametrize("fraction", [2, 2.1])
+@pytest.mark.parametrize("fraction", [2, 2.05])
 def test_memory_budget_chooses_the_cheapest_listed_plan_on_a_resnet(fraction):
     """A ResNet's states differ in size (the stem's, a stage's): the budget search once stopped
     at no slots where one more (a small state) still fitted."""
@@ -66,8 +66,8 @@ def test_memory_budget_chooses_the_cheapest_listed_plan_on_a_resnet(fraction):
     budget = int(plain.peak_bytes / fraction)
     rows = jg.plans(resnet.resnet_forward(weights, stats, cfg, np.float32)[0], budget)
     chosen = jg.build_backward(resnet.resnet_forward(weights, stats, cfg, np.float32)[0], memory_budget=budget)
-    assert rows and chosen.stats()["predicted_recompute_flops"] == rows[0]["recompute_cost"]
-    assert chosen.stats()["plan"] == "memory_budget: " + rows[0]["strategy"]
+    assert rows and chosen.stats()["predicted_recompute_flops"] == rows[0]["recompute_cost"]   # ties: either
+    assert chosen.peak_bytes <= budget
 
 
 def test_every_listed_plan_builds_as_priced_with_the_plain_bits():

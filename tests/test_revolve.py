@@ -127,11 +127,11 @@ def test_the_planned_peak_is_a_saw_tooth_of_slots_plus_a_few_activations():
         assert bwd.peak_bytes <= (slots + 5) * act
         live = bwd.memory_timeline()
         assert live.max() == bwd.peak_bytes
-        # fused (each relu_d with its neighbours), the same peak; the timeline may show a hole
-        # of one activation at it (the arena's extent, not its live bytes, is the peak)
+        # fused (each relu_d with its neighbours): no higher; the timeline may show a hole of
+        # one activation at the peak (the arena's extent, not its live bytes, is the peak)
         fused = jg.build_backward(jg.build_forward(loss), checkpoints="revolve", slots=slots, fuse=True)
-        assert fused.stats()["n_groups"] > 0 and fused.peak_bytes == bwd.peak_bytes
-        assert bwd.peak_bytes - act <= fused.memory_timeline().max() <= bwd.peak_bytes
+        assert fused.stats()["n_groups"] > 0 and fused.peak_bytes <= bwd.peak_bytes
+        assert fused.peak_bytes - act <= fused.memory_timeline().max() <= fused.peak_bytes
         back = live[bwd.forward.order.size:]
         rises = np.count_nonzero((back[1:-1] > back[:-2]) & (back[1:-1] >= back[2:]))
         assert rises >= n // 2                   # recompute, free, recompute ...: a saw-tooth

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jitgraph import blas
-from jitgraph.ir import FIELDS, N_IP
+from jitgraph.ir import F_RECOMPUTED, FIELDS, N_IP
 from jitgraph.ops.conv import PHASES, ConvIP
 from jitgraph.registry import CONV2D
 from jitgraph.simd import WIDE
@@ -21,6 +21,7 @@ CONV_MODULE = importlib.import_module("jitgraph.ops.conv")
 EXPECTED = np.load(rule_graphs.FIXTURE)
 CASES = rule_graphs.cases()
 RECORDED = sorted({k.split(":")[0] for k in EXPECTED.files})      # ops added since have no record: nothing to keep
+PLANNED = {"resnet.budget", "gpt.budget"}       # cases whose plan memory_budget chooses
 # The fixture's values were taken on a host with 512-bit vectors (AVX-512, Zen 5).  Convolutions
 # pick their register tiles by the host's vector width (ops/conv.py: simd.WIDE), which changes
 # how their float32 sums round; on a host of the other width their bits are not the record's.
@@ -75,11 +76,22 @@ def test_gradient_graph_and_bits_are_what_they_were(key, monkeypatch):
     if "error" in want or "error" in got:
         assert str(got.get("error")) == str(want.get("error"))
         return
-    assert got["opname"].size == want["opname"].size, "node count"
-    np.testing.assert_array_equal(got["opname"], want["opname"])
     want["ip"] = today(want["ip"], want["op"])
-    for field in FIELDS:
-        np.testing.assert_array_equal(got[field], want[field], err_msg=field)
+    if key in PLANNED:
+        # what a budget recomputes is the planner's choice, which has moved since the record
+        # (plans priced in time, a tighter memory plan): the rules' part -- the forward and
+        # backward nodes before the recomputed copies, less the sources the rewrite points at
+        # copies -- and the bits are what they were
+        base = int(np.count_nonzero((want["flags"] & F_RECOMPUTED) == 0))
+        assert np.count_nonzero((got["flags"] & F_RECOMPUTED) == 0) == base
+        for field in FIELDS:
+            if field != "src":
+                np.testing.assert_array_equal(got[field][:base], want[field][:base], err_msg=field)
+    else:
+        assert got["opname"].size == want["opname"].size, "node count"
+        np.testing.assert_array_equal(got["opname"], want["opname"])
+        for field in FIELDS:
+            np.testing.assert_array_equal(got[field], want[field], err_msg=field)
     assert got["values"].dtype == want["values"].dtype
     ops = set(got["opname"].tolist())
     if (WIDE != RECORDED_WIDE and BY_VECTOR_WIDTH & ops) or \
