@@ -487,7 +487,7 @@ class Planner:
         try:
             self.for_budget(budget)
         except GraphError:
-            pass                              # nothing fits: the survey may still list none
+            pass                              # no plan fits: the survey below may still find one
         self.frontier()
         log, self.trial.log = self.trial.log, None
         lean = self.without_cheap(self.keep_all())
