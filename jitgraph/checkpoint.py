@@ -82,6 +82,7 @@ class Plan:
 
 
 MAX_DP_POINTS = 2048          # longer chains are coarsened to every k-th narrow point
+_UNKNOWN = object()           # a cached value not worked out yet (None is a value)
 
 
 class Planner:
@@ -93,7 +94,6 @@ class Planner:
         self.costs = costs            # "measured" (ns on this host) or "flops": timing.py
         self._cost = None
         self.chosen = "none"          # what the strategy chose, in words (stats()["plan"])
-        self._labels: dict = {}       # id of a revolve Schedule -> its words
         self._revolves: dict = {}     # id of a revolve Schedule -> (slots, group, fine)
         self.order = fwd.order
         self.loss = fwd.outputs[0].id
@@ -103,6 +103,7 @@ class Planner:
         self._trial = None
         self._steps = None
         self._policy = None
+        self._remade = _UNKNOWN
 
     @property
     def analysis(self):
@@ -186,6 +187,15 @@ class Planner:
         trial = self.trial
         return lean if trial.measure(lean)["peak_bytes"] < trial.measure(keep)["peak_bytes"] else keep
 
+    @property
+    def remade(self):
+        """The plain plan with cheap values remade (remat), or None when remat remakes nothing."""
+        if self._remade is _UNKNOWN:
+            keep_all = self.keep_all()
+            lean = self.without_cheap(keep_all)
+            self._remade = None if lean is keep_all else lean
+        return self._remade
+
     def compute_bound(self):
         return self.order[compute_bound(self.graph.nodes.op[self.order])]
 
@@ -268,8 +278,6 @@ class Planner:
         orig_lo[statistics_nodes(nodes, order)] = 0          # batch statistics: io slots, kept for free
         sched = Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
         self._revolves[id(sched)] = (int(slots), int(group), bool(fine))
-        self._labels[id(sched)] = (f"revolve, {slots} slots over {n} steps"
-                                   + (f" of {group} narrow points" if group > 1 else "") + (", fine tapes" if fine else ""))
         return sched
 
     def revolve_options(self, group=1):
@@ -402,8 +410,8 @@ class Planner:
             self.chosen = "memory_budget: none (the plain plan fits)"
             return self.schedule(keep_all)
         one = self._one_level_for_budget(budget)
-        lean = self.without_cheap(keep_all)           # the plain plan, cheap values remade (remat)
-        if lean is not keep_all:
+        lean = self.remade                            # the plain plan, cheap values remade (remat)
+        if lean is not None:
             m = self.trial.measure(lean)
             if m["peak_bytes"] <= budget and (one is None or cost(m) <= cost(one[0])):
                 one = (m, lean)
@@ -414,7 +422,7 @@ class Planner:
         multi = self._revolve_for_budget(budget, None if one is None else cost(one[0]), found)
         best = multi if multi is not None else one
         if best is not None:
-            self.chosen = "memory_budget: " + self._describe(best[1], lean)
+            self.chosen = "memory_budget: " + self._describe(best[1])
             return best[1] if isinstance(best[1], Schedule) else self.schedule(best[1])
         # nothing fitted: survey the whole range of one-level model budgets (the model can be
         # off either way), with the leanest multi-level plans, take one that fits, or name
@@ -423,18 +431,22 @@ class Planner:
         fits = [f for f in found if f[0]["peak_bytes"] <= budget]
         if fits:
             plan = min(fits, key=lambda f: cost(f[0]))[1]
-            self.chosen = "memory_budget: " + self._describe(plan, lean)
+            self.chosen = "memory_budget: " + self._describe(plan)
             return plan if isinstance(plan, Schedule) else self.schedule(plan)
         floor = min(f[0]["peak_bytes"] for f in found)
-        plain = min(none_peak, self.trial.measure(lean)["peak_bytes"])     # as build_backward plans it
+        plain = none_peak if lean is None else min(none_peak, self.trial.measure(lean)["peak_bytes"])  # as built
         raise GraphError(f"memory_budget of {budget} bytes cannot be met: the smallest planned peak "
                          f"found is {floor} bytes (without checkpointing: {plain} bytes)")
 
-    def _describe(self, plan, lean=None):
+    def _describe(self, plan):
         """A plan in words."""
         if isinstance(plan, Schedule):
-            return self._labels.get(id(plan), "multi-level")
-        if plan is lean:
+            if id(plan) not in self._revolves:
+                return "multi-level"
+            slots, group, fine = self._revolves[id(plan)]
+            return (f"revolve, {slots} slots over {self.states[group - 1::group].size + 1} steps"
+                    + (f" of {group} narrow points" if group > 1 else "") + (", fine tapes" if fine else ""))
+        if self._remade is not _UNKNOWN and self._remade is not None and np.array_equal(plan, self._remade):
             return "remat (the plain plan, cheap values remade)"
         if self._policy is not None and np.array_equal(plan, self._policy):
             return "policy save_matmuls (products and reductions kept)"
@@ -448,9 +460,9 @@ class Planner:
     def fingerprint(self):
         return (int(self.loss), zlib.crc32(np.ascontiguousarray(self.order, np.int64).tobytes()))
 
-    def as_plan(self, plan, words=None):
+    def as_plan(self, plan):
         """The Plan of a keep mask or a revolve Schedule."""
-        words = words or self._describe(plan)
+        words = self._describe(plan)
         if isinstance(plan, Schedule):
             return Plan(words, self.fingerprint, revolve=self._revolves[id(plan)])
         keep = np.array(plan[self.order], np.uint8)
@@ -490,13 +502,11 @@ class Planner:
             pass                              # no plan fits: the survey below may still find one
         self.frontier()
         log, self.trial.log = self.trial.log, None
-        lean = self.without_cheap(self.keep_all())
         rows, seen = [], set()
         for plan, m in log:
             if m["peak_bytes"] > budget:
                 continue
-            remade = not isinstance(plan, Schedule) and plan.size == lean.size and np.array_equal(plan, lean)
-            p = self.as_plan(plan, self._describe(lean, lean) if remade else None)
+            p = self.as_plan(plan)
             key = p.revolve if p.revolve is not None else p.keep.tobytes()
             if key in seen:
                 continue
@@ -525,12 +535,11 @@ class Planner:
         keep_all = self.keep_all()
         rows = [row("none", keep_all, **one)]
         none_peak = rows[0]["peak_bytes"]
-        lean = self.without_cheap(keep_all)
-        if lean is not keep_all:
-            rows.append(row("remat", lean, **one))
+        if self.remade is not None:
+            rows.append(row("remat", self.remade, **one))
         rows.append(row("sqrt", self.keep(kept_ids=self.sqrt()), **one))
-        rows.append(row("save_matmuls", self.policy, **one))
         lo = max(1, min(rows[-1]["peak_bytes"], none_peak) // 8)      # an eighth of the sqrt plan's peak
+        rows.append(row("save_matmuls", self.policy, **one))
         for b in np.unique(np.geomspace(lo, none_peak, n_budgets).astype(np.int64)):
             for end_alive in (1, 0):
                 keep = self.dp_keep(int(b), end_alive)

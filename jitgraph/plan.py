@@ -113,7 +113,8 @@ def _pack(start, end, size):
     (Pisarchyk & Lee, 2020), which leaves fewer holes than best fit in execution order.
     Returns (offsets, high-water mark)."""
     nb = size.size
-    by_size = np.argsort(-(size * (4 * (end.max() + 2)) + (end - start)), kind="mergesort")
+    # largest first; among equal sizes the longer-lived first (a lifetime is < end.max() + 2)
+    by_size = np.argsort(-(size * (end.max() + 2) + (end - start)), kind="mergesort")
     offs = np.zeros(nb, np.int64)
     placed = np.empty(nb, np.int64)
     near_off = np.empty(nb, np.int64)

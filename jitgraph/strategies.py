@@ -33,7 +33,7 @@ def choose_plan(planner, checkpoints, memory_budget, policy, slots=None, plan=No
         if policy is not None:
             raise GraphError("build_backward: checkpoints='revolve' chooses what to keep itself; give no policy")
         sched = planner.revolve(_slots(planner, slots))
-        planner.chosen = planner._labels[id(sched)]
+        planner.chosen = planner._describe(sched)
         planner._mark_states(sched)
         return sched
     kept, recompute = [], None

@@ -45,7 +45,8 @@ import numpy as np  # noqa: E402
 import jitgraph as jg  # noqa: E402
 
 from . import harness  # noqa: E402
-from .models import gpt_batch, gpt_forward, gpt_weights  # noqa: E402
+from .bench_checkpoint import chain_builder  # noqa: E402
+from .models import chain_weights, gpt_batch, gpt_forward, gpt_weights  # noqa: E402
 from .gpt import FULL as GPT_FULL, QUICK as GPT_QUICK  # noqa: E402
 from .resnet import FULL as RESNET_FULL, QUICK as RESNET_QUICK, resnet_batch, resnet_forward, resnet_weights  # noqa: E402
 from .report import fmt_s, md_table  # noqa: E402
@@ -57,6 +58,7 @@ TARGET_CHOSEN = 1.05
 TARGET_PREDICTED = 0.15
 TARGET_PLAN_S = 2.0
 PLAN_LAYERS = 2_500               # 4 nodes a layer + 2: a 10,002-node graph
+PLAN_B, PLAN_D = 64, 64
 
 
 # ---- models -----------------------------------------------------------------------------------
@@ -85,12 +87,6 @@ def resnet_model(quick):
 
 # ---- one budget ---------------------------------------------------------------------------------
 
-def once(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def bench_budget(ctx, build, plain, ref, budget):
     """The chosen plan against every listed plan at ``budget``."""
     fwd, feeds, params = build()
@@ -109,7 +105,7 @@ def bench_budget(ctx, build, plain, ref, budget):
     screen = {}
     for i, (bwd, fd, _) in built.items():
         bwd.run(fd)
-        screen[i] = once(lambda b=bwd, f=fd: b.run(f))
+        screen[i] = harness.time_calls(lambda b=bwd, f=fd: b.run(f), 1)
     # the finalists: the fastest screened plans other than the chosen one (the same plan, by
     # its words and peak; normally rows[0])
     st = chosen.stats()
@@ -166,26 +162,19 @@ def bench_model(ctx, title, build):
 
 # ---- planning time --------------------------------------------------------------------------------
 
-def dropout_chain(n_layers, B=64, D=64):
-    rng = np.random.default_rng(0)
-    g = jg.Graph(np.float32)
-    x = g.input((B, D), name="x")
-    h = x
-    for i in range(n_layers):
-        h = jg.dropout(jg.relu(h @ g.param(rng.standard_normal((D, D)) * 1.4 / np.sqrt(D))), 0.1, seed=i)
-    return jg.build_forward(jg.mean(h))
-
-
 def planning(quick):
     layers = 100 if quick else PLAN_LAYERS
-    plain = jg.build_backward(dropout_chain(layers))
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((PLAN_B, PLAN_D)).astype(np.float32)
+    build = chain_builder(chain_weights(layers, PLAN_D, xb, rng), xb, dropout=True)    # bench_checkpoint's chain
+    plain = jg.build_backward(jg.build_forward(build().loss))
     rows = []
     for what, kw in (("memory_budget 25%", {"memory_budget": plain.peak_bytes // 4}),
                      ("memory_budget 1.5%", {"memory_budget": int(0.015 * plain.peak_bytes)}),
                      ("revolve (default slots)", {"checkpoints": "revolve"})):
         times, bwd = [], None
         for _ in range(3):
-            fwd = dropout_chain(layers)
+            fwd = jg.build_forward(build().loss)
             nodes = int(fwd.graph.nodes.n)        # the forward graph's, before the backward part
             bwd = None
             gc.collect()
