@@ -254,14 +254,14 @@ def fuse_and_plan(G: Nodes, n_nodes: int, orders: list, io: np.ndarray, outputs:
     (the first on ties): what a program runs, and what the checkpoint planners price."""
     min_members = wants_fusion(G, orders[0], fuse)
     fuse = min_members > 0
-    kinds, best = table("kind"), None
+    kinds, overwrites, best = table("kind"), table("overwrites"), None
     keep = np.concatenate([np.asarray(outputs, np.int64), np.asarray(io, np.int64)])
     for order in orders:
         f = fuse_order(G, n_nodes, order, keep, min_members) if fuse else unfused(G, n_nodes, order)
         # the candidates hold the same nodes and readers: one without groups is taken for all (it
         # saves the pass over the others, ~0.5 ms on a 60k-node program)
         fuse = fuse and f.n_groups > 0
-        plan = plan_memory(f.nodes, n_nodes, f.order, io, outputs, in_place, kinds)
+        plan = plan_memory(f.nodes, n_nodes, f.order, io, outputs, in_place, kinds, overwrites)
         if best is None or plan[2] < best[2][2]:
             best = (order, f, plan)
     assert best is not None, "no candidate order"

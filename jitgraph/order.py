@@ -98,3 +98,44 @@ def needed_backward(src, flags, n_nodes, grad_roots, is_forward, recomputed_flag
             out[k] = n
             k += 1
     return out
+
+
+@njit(cache=True)
+def sink_order(src, n_nodes, order, start, immortal):
+    """``order`` with each node from position ``start`` on moved down to right before its
+    first consumer, as far as that shortens its own lifetime without lengthening a
+    source's: never past a source's last other reader (``immortal`` sources, the
+    leaves, never die and do not hold a node back).  No buffer lives longer, so no
+    step's live set grows: a gradient made early and read after a recomputed stretch
+    (the backward of a layer whose forward is recomputed) is made after it instead."""
+    m = order.size
+    last = np.full(n_nodes, -1, np.int64)       # the latest position reading each node
+    prev = np.full(n_nodes, -1, np.int64)       # the latest before that
+    for t in range(m):
+        n = order[t]
+        for k in range(MAX_SRC):
+            s = src[n, k]
+            if s < 0:
+                break
+            if last[s] != t:
+                prev[s] = last[s]
+                last[s] = t
+    first_use = np.full(n_nodes, m, np.int64)   # the earliest (new) position of a consumer
+    target = np.arange(m)
+    for t in range(m - 1, -1, -1):
+        n = order[t]
+        if t >= start and last[n] >= 0:
+            to = first_use[n]
+            for k in range(MAX_SRC):
+                s = src[n, k]
+                if s < 0:
+                    break
+                if not immortal[s]:
+                    to = min(to, t if last[s] == t else last[s])
+            target[t] = max(to, t)
+        for k in range(MAX_SRC):
+            s = src[n, k]
+            if s < 0:
+                break
+            first_use[s] = min(first_use[s], target[t])
+    return order[np.argsort(target * m + np.arange(m))]

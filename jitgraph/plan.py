@@ -12,8 +12,9 @@ Over the execution order:
   after its last reader; then the same buffers, with the same lifetimes, are packed
   again largest first (``_pack``), and that packing is kept when its high-water mark is
   lower (best fit in execution order can leave holes a later, larger buffer cannot use);
-* an elementwise node may write in place over a source that dies at that node
-  and has its size.
+* an elementwise node (or a row kernel that reads a row before writing it, such
+  as softmax: ``defop(overwrites=True)``) may write in place over a source that
+  dies at that node and has its size.
 
 The arena's high-water mark is ``peak_bytes``, and ``run()`` allocates exactly
 that.  The plan is a pure function of the graph and the order, so the same
@@ -25,13 +26,12 @@ from numba import njit, types
 from . import registry
 from ._sigs import ST, i64, on_first_use
 from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC, numel
-from .order import extend_order, needed_backward
+from .order import extend_order, needed_backward, sink_order
 from .registry import INPUT, LeafIP
 
 ALIGN = 16      # elements: arena offsets are 64-byte aligned in float32
 NEVER = np.iinfo(np.int64).max
-K_LEAF, K_VIEW, K_ELEMENTWISE = (registry.KINDS.index(k) for k in (registry.LEAF, registry.VIEW,
-                                                                   registry.ELEMENTWISE))
+K_LEAF, K_VIEW = registry.KINDS.index(registry.LEAF), registry.KINDS.index(registry.VIEW)
 
 
 @njit(cache=True)
@@ -146,8 +146,8 @@ def _pack(start, end, size):
 
 
 @njit(cache=True)
-def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
-    """Plan ``order`` (``kinds``: registry.table("kind")).  ``io_nodes`` get persistent io slots (param gradients);
+def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds, overwrites):
+    """Plan ``order`` (``kinds``, ``overwrites``: registry.table("kind"), table("overwrites")).  ``io_nodes`` get persistent io slots (param gradients);
     ``keep_nodes`` stay alive to the end (outputs).  Returns
     (loc, off, arena_elems, io_elems, n_in_place, free_at, free_off, free_size, alloc_size)
     where free_at[t]..free_at[t+1] index the arena blocks freed after step t and
@@ -214,7 +214,7 @@ def plan_memory(G, n_nodes, order, io_nodes, keep_nodes, in_place, kinds):
             off[n] = off[s]
         else:
             loc[n] = LOC_ARENA
-            if in_place and kind == K_ELEMENTWISE:
+            if in_place and overwrites[code]:
                 for k in range(MAX_SRC):
                     s = src[n, k]
                     if s < 0:
@@ -291,10 +291,13 @@ def backward_orders(G, n_nodes, fwd_order, grad_roots, is_forward):
     expansion created them -- each accumulation right after its contribution, so
     gradient temporaries die at once (params shared by many layers) -- and (2) a
     DFS from each gradient root in turn.  In both, recomputed copies are pulled in
-    by the DFS right before their first consumer.  None if a node id is bad."""
+    by the DFS right before their first consumer -- and (3) the first with each backward
+    node sunk to its first consumer where that shortens a lifetime (``sink_order``).
+    None if a node id is bad."""
     created = needed_backward(G.src, G.flags, n_nodes, grad_roots, is_forward, F_RECOMPUTED)
     status_a, by_creation = extend_order(G.src, n_nodes, fwd_order, created)
     status_b, by_roots = extend_order(G.src, n_nodes, fwd_order, grad_roots)
     if status_a or status_b:
         return None
-    return [by_creation, by_roots]
+    leaves = (registry.table("kind")[G.op[:n_nodes]] == K_LEAF).astype(np.uint8)
+    return [by_creation, by_roots, sink_order(G.src, n_nodes, by_creation, fwd_order.size, leaves)]

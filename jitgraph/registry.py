@@ -31,7 +31,7 @@ from .ir import MAX_SRC, N_FP, N_IP
 # what the memory planner needs to know about an op's output
 LEAF = "leaf"                # data supplied from outside (input, param, const)
 VIEW = "view"                # aliases its first source: no kernel, no buffer
-ELEMENTWISE = "elementwise"  # same shape as its sources; may overwrite a source that dies here
+ELEMENTWISE = "elementwise"  # same shape as its sources (and overwrites one, by default)
 OTHER = "other"
 KINDS = (LEAF, VIEW, ELEMENTWISE, OTHER)   # index = the kind code the jitted planner reads
 
@@ -120,6 +120,7 @@ class Op:
     ip_names: tuple = ()          # its int parameters by slot (G.ip[n, slot]); '' for an unused slot
     fp_names: tuple = ()          # its float parameters by slot (G.fp[n, slot])
     chunk: Optional[Callable[..., Any]] = None   # its chunk runner: the op fuses (fuse.py)
+    overwrites: bool = False      # may write its output over a same-sized source that dies here (plan.py)
 
     @property
     def fuse(self) -> bool:
@@ -149,7 +150,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
           label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None,
           blas: bool = False, sources: Optional[tuple] = None, ip: Any = None, fp: Any = None,
-          chunk: Optional[Callable[..., Any]] = None) -> int:
+          chunk: Optional[Callable[..., Any]] = None, overwrites: Optional[bool] = None) -> int:
     """Declare an op; returns its code.  See the module docstring.  ``sources`` names the
     sources for its rule; ``ip`` / ``fp`` are IntEnums naming its int / float parameter
     slots, read by name everywhere (``v.ip[n, SoftmaxIP.axis]``)."""
@@ -180,7 +181,8 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         owner = builder or runner
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
-                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names, chunk)
+                   public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names, chunk,
+                   kind == ELEMENTWISE if overwrites is None else overwrites)
     BY_NAME[name] = OPS[code]
     if builder is not None and OPS[code].public:
         export(builder)
@@ -227,7 +229,8 @@ def table(field: str) -> np.ndarray:
     """A per-opcode int64 array for jitted code: 'kind' (index into KINDS), 'compute'
     (1 for the compute-bound cost class), 'memory' (1 for the memory-bound one), 'flops',
     'arity' (-9 where no op has the code),
-    'split' (index into SPLITS), 'fuse' (1 where the op fuses)."""
+    'split' (index into SPLITS), 'fuse' (1 where the op fuses), 'overwrites' (1 where its
+    output may take a dying source's buffer)."""
     got = _tables.get(field)
     if got is None:
         got = np.full(n_codes(), -9 if field == "arity" else 0, np.int64)
@@ -235,7 +238,7 @@ def table(field: str) -> np.ndarray:
             got[op.code] = {"kind": KINDS.index(op.kind), "compute": int(op.cost == COMPUTE),
                             "memory": int(op.cost == MEMORY),
                             "flops": op.flops, "arity": op.arity, "split": SPLITS.index(op.split),
-                            "fuse": int(op.fuse)}[field]
+                            "fuse": int(op.fuse), "overwrites": int(op.overwrites)}[field]
         got.setflags(write=False)
         _tables[field] = got
     return got

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import jitgraph as jg
-from jitgraph.order import topo_order
+from jitgraph.order import sink_order, topo_order
 from jitgraph.status import ERR_BAD_NODE
 
 
@@ -50,6 +50,57 @@ def test_order_invariants_on_random_dags(dag, data):
     # DFS from each root in turn: the first root's ancestors come first
     first = ancestors(src_lists, [roots[0].id])
     assert set(order[:len(first)]) == first
+
+
+def intervals(order, src_lists, immortal):
+    """{node: (first step, last step)} of each node's buffer: made at its step, alive to its
+    last reader (to the end for a node nobody reads, an output, or an immortal leaf)."""
+    pos = {n: i for i, n in enumerate(order)}
+    last = {}
+    for n in order:
+        for s in src_lists[n]:
+            last[s] = max(last.get(s, -1), pos[n])
+    end = len(order)
+    return {n: (pos[n], end if immortal[n] or n not in last else last[n]) for n in order}
+
+
+@given(random_dag(), st.data())
+def test_sinking_moves_nodes_down_without_making_two_buffers_live_together(dag, data):
+    """sink_order: still a valid order with the prefix in place, and no two buffers are alive
+    at one step that were not alive together before (so no plan's peak can grow)."""
+    g, ts = dag
+    order = jg.build_forward(ts[-1]).order
+    src_lists = [g.nodes.sources(n) for n in range(len(g))]
+    immortal = np.array([jg.Tensor(g, n).op == "input" for n in range(len(g))], np.uint8)
+    start = data.draw(st.integers(0, order.size))
+    sunk = sink_order(g.nodes.src, len(g), order, start, immortal).tolist()
+    assert sorted(sunk) == sorted(order.tolist()) and sunk[:start] == order.tolist()[:start]
+    pos = {n: i for i, n in enumerate(sunk)}
+    assert all(pos[s] < pos[n] for n in sunk for s in src_lists[n])
+    old, new = intervals(order.tolist(), src_lists, immortal), intervals(sunk, src_lists, immortal)
+    for a in sunk:
+        for b in sunk:
+            if new[a][0] <= new[b][1] and new[b][0] <= new[a][1]:
+                assert old[a][0] <= old[b][1] and old[b][0] <= old[a][1], (a, b)
+
+
+def test_sinking_makes_an_early_gradient_after_the_recomputed_stretch_it_waits_for():
+    """The case it is for: a big result (b = f(a)) read only at the end of a long stretch
+    that does not need it is made right before its reader, while a, read later anyway,
+    is held back by nothing."""
+    g = jg.Graph(np.float64)
+    x, w = g.input((4, 4), name="x"), g.input((4, 4), name="w")
+    a = jg.tanh(x)
+    b = a @ w                      # made early in DFS order; read only by the last node
+    h = x
+    for _ in range(5):
+        h = jg.sin(h)
+    out = b + h + a
+    order = jg.build_forward(out).order
+    leaves = np.array([jg.Tensor(g, n).op == "input" for n in range(len(g))], np.uint8)
+    sunk = sink_order(g.nodes.src, len(g), order, 0, leaves).tolist()
+    assert order.tolist().index(b.id) < order.tolist().index(h.id)
+    assert sunk.index(h.id) < sunk.index(b.id)
 
 
 def test_order_is_dfs_post_order():

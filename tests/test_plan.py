@@ -9,14 +9,15 @@ import jitgraph as jg
 
 from .conftest import examples
 from jitgraph.ir import LOC_ARENA, LOC_IO, LOC_STORE
-from jitgraph.registry import ELEMENTWISE, OPS
+from jitgraph.registry import OPS
 
 from .graphgen import evaluate, instance, programs
 
 
 def check_no_overlap(prog):
     """Brute force, independent of the planner: no two arena tensors that are live
-    at the same step share a byte, except an elementwise node taking over the
+    at the same step share a byte, except a node whose op overwrites (elementwise ones,
+    softmax and its gradients) taking over the
     buffer of a source that dies at that very node.  Over what runs: a group is one
     node reading its external inputs (fuse.py)."""
     g = prog.graph
@@ -48,7 +49,7 @@ def check_no_overlap(prog):
             in_place = (b0 == a1 and oa == ob and numel[a] == numel[b]
                         and a in {owner[s] for s in sources(b)})
             assert in_place, f"live tensors {a} and {b} overlap in the arena"
-            assert OPS[int(table.op[b])].kind == ELEMENTWISE, "only elementwise ops write in place"
+            assert OPS[int(table.op[b])].overwrites, f"{OPS[int(table.op[b])].name} may not write in place"
     # arena within the peak; io slots after it and disjoint; store slots untouched
     for n in owners:
         assert 0 <= prog.off[n] and prog.off[n] + numel[n] <= prog.arena_elems
@@ -295,3 +296,43 @@ def test_every_listed_checkpoint_plan_of_a_gpt_is_packed_without_overlap():
         check_no_overlap(prog)
         assert prog.peak_bytes == r["peak_bytes"]
         assert np.array_equal(prog.run(feeds, debug=True), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_softmax_and_its_gradient_write_over_a_dying_source_with_the_same_bits(dtype, axis):
+    """softmax, softmax_d and log_softmax_d read a line before writing it: their output
+    takes the buffer of a source that dies there (an attention's (B, H, T, T) scores), on
+    the contiguous and the strided path; log_softmax (which reads x after writing) never."""
+    rng = np.random.default_rng(3)
+
+    def build(in_place):
+        g = jg.Graph(dtype)
+        x = g.input((6, 24), name="x")
+        w = g.param(rng.standard_normal((24, 24)).astype(dtype), name="w")
+        p = jg.softmax(x @ w, axis=axis)                     # the product dies at the softmax
+        q = jg.log_softmax(jg.sin(x) @ w, axis=axis)         # and this one at the log_softmax
+        loss = jg.sum(p * x) + jg.sum(q * x)
+        fwd = jg.build_forward(loss, in_place=in_place, fuse=False)
+        return x, w, fwd, jg.build_backward(fwd, in_place=in_place, fuse=False)
+
+    xv = rng.standard_normal((6, 24)).astype(dtype)
+    runs = []
+    for in_place in (True, False):
+        rng = np.random.default_rng(3)
+        x, w, fwd, bwd = build(in_place)
+        check_no_overlap(fwd)
+        check_no_overlap(bwd)
+        loss = bwd.run({x: xv}, debug=True)
+        runs.append((bwd, loss, [bwd.grad(w)]))
+    (bwd, loss, grads), (plain, loss0, grads0) = runs
+    assert loss.tobytes() == loss0.tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(grads, grads0))
+    over = {}
+    for n in bwd.run_order:
+        t = jg.Tensor(bwd.graph, int(n))
+        if t.op in ("softmax", "log_softmax", "softmax_d", "log_softmax_d"):
+            srcs = [int(s) for s in bwd.graph.nodes.sources(int(n))]
+            over[t.op] = any(bwd.loc[s] == LOC_ARENA and bwd.off[s] == bwd.off[int(n)] for s in srcs)
+    assert over["softmax"] and not over["log_softmax"]
+    assert over["softmax_d"] or over["log_softmax_d"]

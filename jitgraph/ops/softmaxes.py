@@ -147,8 +147,10 @@ def _run_softmax(n, lo, hi, ctx, mem, store):
     return _softmax(run_view(ctx, mem, store), n, lo, hi, False)
 
 
+# softmax and the gradients read a line (a max, a sum) before writing it, element by element: their
+# output may take the buffer of a dying source.  log_softmax reads x after writing exps: it may not.
 defop(SOFTMAX, "softmax", softmax, _run_softmax, arity=1, cost=COMPUTE, flops=12, split=CUSTOM, ip=AxisIP,
-      vjp=lambda g, out, axis: op.softmax_d(g, out, like=out, axis=axis))        # y (g - sum(g y)): one node
+      overwrites=True, vjp=lambda g, out, axis: op.softmax_d(g, out, like=out, axis=axis))        # y (g - sum(g y)): one node
 
 
 def _run_log_softmax(n, lo, hi, ctx, mem, store):
@@ -223,7 +225,7 @@ def _softmax_d_vjp(h, g, y, axis):
 
 
 defop(SOFTMAX_D, "softmax_d", softmax_d, _run_softmax_d, _softmax_d_vjp, arity=2, cost=COMPUTE, flops=4,
-      split=CUSTOM, public=False, sources=("g", "y"), ip=AxisIP)
+      split=CUSTOM, public=False, sources=("g", "y"), ip=AxisIP, overwrites=True)
 
 
 def _run_log_softmax_d(n, lo, hi, ctx, mem, store):
@@ -236,7 +238,7 @@ def _log_softmax_d_vjp(h, g, y, axis):
 
 
 defop(LOG_SOFTMAX_D, "log_softmax_d", log_softmax_d, _run_log_softmax_d, _log_softmax_d_vjp, arity=2,
-      cost=COMPUTE, flops=10, split=CUSTOM, public=False, sources=("g", "y"), ip=AxisIP)
+      cost=COMPUTE, flops=10, split=CUSTOM, public=False, sources=("g", "y"), ip=AxisIP, overwrites=True)
 
 
 # ---- cross_entropy --------------------------------------------------------------------------------
