@@ -1,6 +1,9 @@
 """build_backward, grad and pareto: differentiation with checkpointing, on top of
 the backward expansion (backward.py), the checkpoint rewrite and its strategies
 (checkpoint.py) and programs (program.py)."""
+import statistics
+import time
+from collections.abc import Mapping
 from typing import Any, List, Optional, Sequence, Union
 
 from .backward import differentiate
@@ -9,7 +12,7 @@ from .strategies import apply, choose_plan
 from .errors import GraphError
 from .graph import Graph, Tensor
 from .ir import F_LOSS, F_RECOMPUTED
-from .program import BackwardGraph, ForwardGraph, build_forward
+from .program import BackwardGraph, Feeds, ForwardGraph, build_forward
 from .timing import chosen as chosen_costs
 
 __all__ = ["build_backward", "grad", "pareto", "plans"]
@@ -92,7 +95,7 @@ def grad(loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
 
 def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
            fuse: Union[bool, str] = "auto", remat: Union[bool, str] = "auto",
-           costs: Optional[str] = None) -> List[dict]:
+           costs: Optional[str] = None, feeds: Optional[Feeds] = None, repeats: int = 3) -> List[dict]:
     """The frontier of (planned peak bytes, recompute cost) over memory budgets.
 
     Returns a list of dicts (strategy, budget, peak_bytes, recompute_flops, recompute_cost,
@@ -102,9 +105,20 @@ def pareto(fwd: ForwardGraph, n_budgets: int = 16, in_place: bool = True,
     too (strategy "remat").  ``costs`` as build_backward's: with "measured" (the default)
     recompute_cost is nanoseconds on this host and each row has ``recompute_seconds``; with
     "flops" it is the FLOP model's.  Works on a scratch copy: ``fwd``'s graph is not changed.
+
+    Measured on request: with ``feeds`` (what ``run`` takes), every row's plan and the plain
+    plan are built on scratch copies and run in turn, ``repeats`` times after a warm-up; each
+    row gets ``measured_seconds`` (fwd+bwd, the median) and ``measured_recompute_seconds``
+    (that over the plain plan's median, in ``plain_seconds``) -- what ``plot_pareto`` draws
+    beside the prediction.
     """
     costs = chosen_costs(costs, "pareto")
-    return _in_time(_scratch_planner(fwd, "pareto", in_place, fuse, remat, costs).frontier(n_budgets), costs)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise GraphError(f"pareto: repeats must be a positive int, got {repeats!r}")
+    rows = _in_time(_scratch_planner(fwd, "pareto", in_place, fuse, remat, costs).frontier(n_budgets), costs)
+    if feeds is not None:
+        _measure(fwd, rows, feeds, repeats, in_place=in_place, fuse=fuse, remat=remat)
+    return rows
 
 
 def plans(fwd: ForwardGraph, memory_budget: int, in_place: bool = True, fuse: Union[bool, str] = "auto",
@@ -139,6 +153,37 @@ def _in_time(rows: List[dict], costs: str) -> List[dict]:
         if costs == "measured":
             r["recompute_seconds"] = r["recompute_cost"] * 1e-9
     return rows
+
+
+def _measure(fwd: ForwardGraph, rows: List[dict], feeds: Feeds, repeats: int, **options: Any) -> None:
+    """Time each row's plan and the plain one, each built on its own scratch copy of fwd's
+    graph (build_backward appends to the graph it differentiates), the programs taking
+    turns in every repeat so that a machine's drift is shared."""
+    if not isinstance(feeds, Mapping):
+        raise GraphError(f"pareto: feeds must be a dict {{input tensor or name: array}}, got {type(feeds).__name__}")
+    loss = fwd.outputs[0]
+    progs = []
+    for plan in [None] + [r["plan"] for r in rows]:
+        g = fwd.graph.scratch_copy()
+        prog = build_backward(build_forward(Tensor(g, loss.id)), plan=plan, **options)
+        ids = {(fwd.graph.tensor(k) if isinstance(k, str) else k).id: v for k, v in feeds.items()
+               if isinstance(k, str) or (isinstance(k, Tensor) and k.graph is fwd.graph)}
+        if len(ids) != len(feeds):
+            raise GraphError("pareto: feeds are keyed by the forward graph's input tensors or their names")
+        progs.append((prog, {Tensor(g, n): v for n, v in ids.items()}))
+    times: List[List[float]] = [[] for _ in progs]
+    for prog, f in progs:
+        prog.run(f)                                  # compiles and warms the caches
+    for _ in range(repeats):
+        for k, (prog, f) in enumerate(progs):
+            t0 = time.perf_counter()
+            prog.run(f)
+            times[k].append(time.perf_counter() - t0)
+    plain = statistics.median(times[0])
+    for r, t in zip(rows, times[1:]):
+        r["measured_seconds"] = statistics.median(t)
+        r["measured_recompute_seconds"] = r["measured_seconds"] - plain
+        r["plain_seconds"] = plain
 
 
 def _check_remat(remat: Any, what: str) -> None:

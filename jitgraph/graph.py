@@ -215,6 +215,7 @@ class Graph:
         other = Graph(self.dtype)
         other.nodes = self.nodes.copy()
         other.shapes = dict(self.shapes)
+        other.names, other._ids_by_name = dict(self.names), dict(self._ids_by_name)   # errors name tensors alike
         other._store, other._packed = self.store, self.store_used
         other.store_used = self.store_used
         return other

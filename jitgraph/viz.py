@@ -264,7 +264,8 @@ def plot_memory(programs: Sequence[Any], labels: Optional[Sequence[str]] = None,
 def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any:
     """Recompute cost against planned peak for jg.pareto rows -- predicted milliseconds
     where the rows were priced in measured time, else GFLOP: one-level plans in blue,
-    multi-level ones (a tensor recomputed more than once) in orange.  Returns the Axes."""
+    multi-level ones (a tensor recomputed more than once) in orange; rows measured by
+    ``jg.pareto(..., feeds=...)`` add their measured recompute as hollow markers.  Returns the Axes."""
     plt = _pyplot()
     unit, scale = _unit(max(r["peak_bytes"] for r in rows), unit)
     if ax is None:
@@ -278,11 +279,14 @@ def plot_pareto(rows: Sequence[dict], ax: Any = None, unit: str = "auto") -> Any
         pts = [(x, y) for x, y, m in zip(peaks, gflops, multi) if m == several]
         if pts:
             ax.plot(*zip(*pts), "o", color=colour, label=label)
+    if timed and all("measured_recompute_seconds" in r for r in rows):
+        ax.plot(peaks, [1e3 * r["measured_recompute_seconds"] for r in rows], "o--", color="#555555", lw=0.8,
+                mfc="none", label="measured")
     for r, x, y in zip(rows, peaks, gflops):
         if r["strategy"] not in ("budget", "revolve"):
             ax.annotate(r["strategy"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel(f"planned peak ({unit})")
-    ax.set_ylabel("recompute, predicted (ms)" if timed else "recompute (GFLOP)")
+    ax.set_ylabel("recompute (ms)" if timed else "recompute (GFLOP)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax

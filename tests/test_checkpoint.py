@@ -319,3 +319,33 @@ def test_pareto_frontier():
     bwd = jg.build_backward(jg.build_forward(loss2), memory_budget=mid["peak_bytes"])
     assert bwd.peak_bytes <= mid["peak_bytes"]
     assert bwd.stats()["recompute_flops"] <= mid["recompute_flops"]
+
+
+def test_pareto_measured_on_request():
+    """feeds= runs every row's plan and the plain one (on scratch copies) and reports measured
+    time beside the prediction; the graph is left as it was; bad feeds name the problem."""
+    g, x, loss, hs, Ws = chain(12, B=64, D=32, dtype=np.float32)
+    fwd = jg.build_forward(loss)
+    n_before = len(g)
+    xv = np.random.default_rng(5).standard_normal((64, 32)).astype(np.float32)
+    rows = jg.pareto(fwd, n_budgets=4, costs="measured", feeds={x: xv}, repeats=2)
+    assert len(g) == n_before
+    assert len(rows) >= 2
+    plain = rows[0]["plain_seconds"]
+    for r in rows:
+        assert r["measured_seconds"] > 0 and r["plain_seconds"] == plain
+        assert r["measured_recompute_seconds"] == pytest.approx(r["measured_seconds"] - plain)
+        assert "recompute_seconds" in r                           # the prediction, beside it
+    assert rows[-1]["strategy"] == "none"
+    by_name = jg.pareto(fwd, n_budgets=4, costs="flops", feeds={"x": xv}, repeats=1)
+    assert [r["peak_bytes"] for r in by_name] == [r["peak_bytes"] for r in jg.pareto(fwd, n_budgets=4, costs="flops")]
+    with pytest.raises(jg.GraphError, match="repeats"):
+        jg.pareto(fwd, feeds={x: xv}, repeats=0)
+    with pytest.raises(jg.GraphError, match="feeds"):
+        jg.pareto(fwd, feeds=[xv])
+    other = chain(12, B=64, D=32, dtype=np.float32)[1]                # another graph's input
+    with pytest.raises(jg.GraphError, match="input tensors"):
+        jg.pareto(fwd, feeds={other: xv})
+    with pytest.raises(jg.GraphError, match="x"):
+        jg.pareto(fwd, n_budgets=2, feeds={x: xv[:3]})
+    assert len(g) == n_before

@@ -128,7 +128,10 @@ def test_memory_timeline_and_plots(tmp_path):
     assert sq.memory_timeline().max() < none.memory_timeline().max()
     ax = none.plot_memory(sq, labels=["none", "sqrt"])
     assert len(ax.lines) >= 4
-    ax2 = jg.plot_pareto(jg.pareto(jg.build_forward(chain(6, B=8, D=8)[2])))
+    g3, x3, loss3, _, _ = chain(6, B=8, D=8)
+    rows = jg.pareto(jg.build_forward(loss3), costs="measured", feeds={x3: np.ones((8, 8), g3.dtype)}, repeats=1)
+    ax2 = jg.plot_pareto(rows)
+    assert any(line.get_label() == "measured" for line in ax2.lines)
     ax.figure.savefig(tmp_path / "m.png")
     ax2.figure.savefig(tmp_path / "p.png")
     assert (tmp_path / "m.png").stat().st_size > 1000
