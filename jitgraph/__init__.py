@@ -5,6 +5,7 @@ from typing import Callable
 from . import _target  # noqa: F401  -- first: the vector width, before Numba sets up its code generator
 from . import _cache  # noqa: F401  -- the compiled-code cache folder, before anything is jitted
 from . import ops, optim  # noqa: F401  -- importing ops declares every op in the op table
+from . import nn  # noqa: F401  -- layers with PyTorch's names (jitgraph.nn)
 from .autodiff import build_backward, grad, pareto, plans
 from .segments import checkpoint
 from .errors import GraphError
@@ -20,7 +21,7 @@ __version__ = "0.2.0.dev0"
 
 __all__ = [
     "Graph", "Tensor", "GraphError", "build_forward", "build_backward", "grad", "ForwardGraph", "BackwardGraph",
-    "checkpoint", "pareto", "plans", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim",
+    "checkpoint", "pareto", "plans", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim", "nn",
     "train", "batches", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
 ]
 globals().update(public_builders())     # jitgraph.relu, jitgraph.matmul ...: read from the op table
