@@ -14,7 +14,8 @@ from .graph import Graph, Tensor, public_builders
 from .io import load, save
 from .program import BackwardGraph, ForwardGraph, build_forward
 from .threads import get_num_threads, set_num_threads
-from .train import batches, train
+from . import schedules  # noqa: F401  -- learning-rate schedules for train(lr=...)
+from .train import EarlyStopping, History, batches, evaluate, train
 from .viz import plot_memory, plot_pareto
 
 __version__ = "0.2.0.dev0"
@@ -22,7 +23,7 @@ __version__ = "0.2.0.dev0"
 __all__ = [
     "Graph", "Tensor", "GraphError", "build_forward", "build_backward", "grad", "ForwardGraph", "BackwardGraph",
     "checkpoint", "pareto", "plans", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim", "nn",
-    "train", "batches", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
+    "train", "batches", "evaluate", "EarlyStopping", "History", "schedules", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
 ]
 globals().update(public_builders())     # jitgraph.relu, jitgraph.matmul ...: read from the op table
 __all__ += sorted(public_builders())

@@ -145,26 +145,28 @@ class Optimizer:
             out.append((program.mem, a[:, 0].copy(), a[:, 1].copy(), self._sizes[a[:, 2]], self._s_off[a[:, 2]]))
         return out
 
-    def step(self) -> None:
-        """Update every param from its current gradient (W.grad).  Holds the lock of each
-        backward program whose gradients it reads, so no run of theirs changes them
-        meanwhile (take ``bwd.lock`` yourself around run + step to pair them)."""
+    def step(self, grad_scale: float = 1.0) -> None:
+        """Update every param from its current gradient (W.grad) times ``grad_scale`` (1/k
+        after k accumulated micro-batches: their mean).  Holds the lock of each backward
+        program whose gradients it reads, so no run of theirs changes them meanwhile (take
+        ``bwd.lock`` yourself around run + step to pair them)."""
+        grad_scale = _positive(grad_scale, "grad_scale", self.kind)
         groups = self._groups()
         if not groups:
             raise GraphError(f"{self.kind}.step: none of the params has a gradient yet; run a backward graph first")
         with ExitStack() as held:
             for program in self._programs:             # in a fixed order: two optimizers never deadlock
                 held.enter_context(program.lock)
-            self._step(groups)
+            self._step(groups, grad_scale)
 
-    def _step(self, groups):
-        scale = 1.0
+    def _step(self, groups, grad_scale=1.0):
+        scale = grad_scale
         if self.clip_norm is not None:
             sq = sum(_grad_sq_norm(mem, g_off, sizes) for mem, _, g_off, sizes, _ in groups)
-            norm = math.sqrt(sq)
+            norm = math.sqrt(sq) * grad_scale
             self.last_grad_norm = norm
             if norm > self.clip_norm:
-                scale = self.clip_norm / (norm + 1e-12)
+                scale = grad_scale * (self.clip_norm / (norm + 1e-12))
         self.step_count += 1
         store = self.graph.store
         for mem, p_off, g_off, sizes, s_off in groups:

@@ -1,6 +1,12 @@
-"""A minimal training loop: minibatches through ``bwd.run``, an optimizer step each,
-and a tqdm progress bar showing the running loss."""
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+"""The training loop: minibatches (arrays or any iterable of feed dicts) through ``bwd.run``,
+gradients accumulated over micro-batches, an optimizer step at the learning rate a schedule
+gives, evaluation every n steps, callbacks that may stop, and checkpoints a run resumes from
+bit for bit -- with a tqdm progress bar showing the running loss."""
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -8,7 +14,8 @@ from tqdm.auto import tqdm
 from .errors import GraphError
 from .graph import Tensor
 from .optim import Optimizer
-from .program import BackwardGraph
+from .program import BackwardGraph, ForwardGraph, build_forward
+from .registry import BATCH_STATS, DROPOUT
 
 
 def data_arrays(data: Dict[Tensor, Any], what: str = "batches") -> Tuple[Dict[Tensor, np.ndarray], int]:
@@ -51,41 +58,279 @@ def batches(data: Dict[Tensor, Any], batch_size: int, shuffle: bool = True,
         yield {t: a[rows] for t, a in arrays.items()}
 
 
-def train(bwd: BackwardGraph, optimizer: Optimizer, data: Dict[Tensor, Any], epochs: int = 1,
-          batch_size: Optional[int] = None, shuffle: bool = True, seed: int = 0, progress: bool = True,
-          desc: str = "train") -> List[float]:
-    """Train for ``epochs`` passes over ``data`` ({input tensor: array}) in minibatches
-    of ``batch_size`` rows (default: the graph's input batch), reshuffled each epoch
-    from ``seed``; step k runs with dropout seed ``seed + k`` (fresh masks each step).
-    Returns the loss of every step (floats)."""
+class History(list):
+    """What ``train`` returns: the loss of every optimizer step (a list of floats, the mean
+    over its micro-batches), with ``evals`` -- (step, {metric: value}) of each evaluation --
+    and ``stopped`` (a callback ended the run early)."""
+
+    def __init__(self, losses: Iterable[float] = ()) -> None:
+        super().__init__(losses)
+        self.evals: List[Tuple[int, Dict[str, float]]] = []
+        self.stopped = False
+
+
+class EarlyStopping:
+    """A callback: stop when the evaluation ``metric`` (an eval program output's name, or
+    "loss" for the training loss) has not improved by ``min_delta`` for ``patience`` checks."""
+
+    def __init__(self, metric: str = "loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0) -> None:
+        if mode not in ("min", "max"):
+            raise GraphError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise GraphError(f"EarlyStopping: patience must be an int >= 1, got {patience!r}")
+        self.metric, self.patience, self.mode, self.min_delta = metric, patience, mode, float(min_delta)
+        self.best: Optional[float] = None
+        self.waited = 0
+
+    def __call__(self, info: Dict[str, Any]) -> bool:
+        if self.metric == "loss" and not info["evaluated"]:
+            value = info["loss"]
+        elif not info["evaluated"]:
+            return False
+        elif self.metric not in info["eval"]:
+            raise GraphError(f"EarlyStopping: no metric {self.metric!r}; the evaluation gives {sorted(info['eval'])}")
+        else:
+            value = info["eval"][self.metric]
+        sign = 1.0 if self.mode == "min" else -1.0
+        if self.best is None or sign * (value - self.best) < -self.min_delta:
+            self.best, self.waited = value, 0
+            return False
+        self.waited += 1
+        return self.waited >= self.patience
+
+
+class _Source:
+    """The micro-batches of each epoch: from arrays ({input: array}, shuffled per epoch from
+    seed + epoch), or from an iterable of feed dicts (or of tuples, with ``inputs``)."""
+
+    def __init__(self, data: Any, batch_size: Optional[int], shuffle: bool, seed: int, epochs: int,
+                 inputs: Optional[Sequence[Tensor]]) -> None:
+        self.arrays: Optional[Dict[Tensor, np.ndarray]] = None
+        if isinstance(data, Mapping) and all(isinstance(k, Tensor) for k in data):
+            self.arrays, n = data_arrays(dict(data), "train")
+            if batch_size is None:
+                first = next(iter(self.arrays))
+                if not first.shape:
+                    raise GraphError("train: give batch_size, or data keyed by input tensors with a batch axis")
+                batch_size = first.shape[0]
+            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= n:
+                raise GraphError(f"train: batch_size must be an int in [1, {n}], got {batch_size!r}")
+            self.n_rows, self.batch_size = n, batch_size
+        elif isinstance(data, Mapping) or not hasattr(data, "__iter__"):
+            raise GraphError("train: data must map input tensors to arrays, or be an iterable of feed dicts "
+                             f"(a list, a torch DataLoader ...), got {type(data).__name__}")
+        elif epochs > 1 and iter(data) is data:
+            raise GraphError("train: an iterator can be read once; for several epochs pass something iterable "
+                             "again (a list, a DataLoader)")
+        self.data, self.shuffle, self.seed, self.inputs = data, shuffle, seed, inputs
+
+    def epoch(self, k: int) -> Iterator[Dict[Any, Any]]:
+        if self.arrays is not None:
+            for rows in batch_rows(self.n_rows, self.batch_size, self.shuffle, self.seed + k, "train"):
+                yield {t: a[rows] for t, a in self.arrays.items()}
+            return
+        for batch in self.data:
+            if isinstance(batch, Mapping):
+                yield dict(batch)
+            elif isinstance(batch, (tuple, list)) and self.inputs is not None and len(batch) == len(self.inputs):
+                yield dict(zip(self.inputs, batch))
+            else:
+                raise GraphError(f"train: a batch of {type(batch).__name__} is not a feed dict; pass dicts keyed by "
+                                 "input tensors or names, or tuples with inputs=[x, y, ...] naming what they feed")
+
+
+def _eval_program(bwd: BackwardGraph, program: Optional[ForwardGraph]) -> ForwardGraph:
+    if program is not None:
+        if not isinstance(program, ForwardGraph):
+            raise GraphError(f"train: eval_program must be a ForwardGraph (jg.build_forward), got {type(program).__name__}")
+        for t in program.outputs:
+            if t.shape != ():
+                raise GraphError(f"train: eval_program output {t.label!r} has shape {t.shape}; its outputs are the "
+                                 "metrics, scalars (reduce with jg.mean)")
+        return program
+    ops = bwd.graph.nodes.op[bwd.forward.order]
+    if np.isin(ops, (DROPOUT, BATCH_STATS)).any():
+        raise GraphError("train: the loss has dropout or training-mode batch norm, which evaluation must not use; "
+                         "pass eval_program=jg.build_forward(...) built in eval mode (model.eval())")
+    return build_forward(bwd.loss)
+
+
+def evaluate(program: ForwardGraph, data: Dict[Tensor, Any], batch_size: Optional[int] = None) -> Dict[str, float]:
+    """Each scalar output of ``program`` averaged over ``data``'s batches (in order; the last
+    partial batch is left out, a graph's shapes being fixed): {output name: value}."""
+    arrays, n = data_arrays(data, "evaluate")
     if batch_size is None:
-        first = next(iter(data), None)
-        if not isinstance(first, Tensor) or not first.shape:
-            raise GraphError("train: give batch_size, or data keyed by input tensors with a batch axis")
-        batch_size = first.shape[0]
-    n_rows = len(next(iter(data.values())))
-    per_epoch = n_rows // batch_size
+        batch_size = min(next(iter(arrays)).shape[0], n)
+    sums = np.zeros(len(program.outputs))
+    count = 0
+    for rows in batch_rows(n, batch_size, shuffle=False, what="evaluate"):
+        sums += [float(v) for v in program.run({t: a[rows] for t, a in arrays.items()})]
+        count += 1
+    return {(t.name or t.label): float(v / count) for t, v in zip(program.outputs, sums)}
+
+
+def _learning_rate(lr: Any, step: int) -> float:
+    value = lr(step) if callable(lr) else lr
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or \
+            not math.isfinite(value) or value < 0:
+        raise GraphError(f"train: the learning rate at step {step} is {value!r}; it must be a finite number >= 0")
+    return float(value)
+
+
+def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
+          batch_size: Optional[int] = None, shuffle: bool = True, seed: int = 0, progress: bool = True,
+          desc: str = "train", *, lr: Union[None, float, Callable[[int], float]] = None, accumulate: int = 1,
+          inputs: Optional[Sequence[Tensor]] = None, eval_data: Optional[Dict[Tensor, Any]] = None,
+          eval_program: Optional[ForwardGraph] = None, eval_every: Optional[int] = None,
+          callbacks: Sequence[Callable[[Dict[str, Any]], Any]] = (), checkpoint_every: Optional[int] = None,
+          checkpoint: Union[None, str, "os.PathLike[str]"] = None,
+          resume: Union[None, str, "os.PathLike[str]"] = None) -> History:
+    """Train for ``epochs`` passes over ``data`` and return the loss of every optimizer step.
+
+    ``data``: {input tensor: array} (minibatches of ``batch_size`` rows, default the graph's
+    input batch, reshuffled each epoch from ``seed``; the last partial batch is dropped), or
+    any iterable of feed dicts -- a list, a generator for one epoch, a torch DataLoader
+    (dicts keyed by inputs or their names, or tuples with ``inputs=[x, y]``).  Micro-batch k
+    runs with dropout seed ``seed + k``.
+
+    * ``lr``: a number, or a schedule -- any callable of the step (``jg.schedules``:
+      warmup + cosine, linear or step decay) -- set on the optimizer before each step;
+    * ``accumulate=k``: each optimizer step takes the mean gradient of k micro-batches (their
+      gradients added by ``run(accumulate=True)``); an epoch's last short group steps too;
+    * ``eval_data`` ({input of the eval program: array}) evaluated every ``eval_every`` steps
+      (default: at each epoch's end) by ``eval_program`` (a ForwardGraph whose scalar outputs
+      are the metrics, e.g. built after ``model.eval()``; default: the loss, when it has no
+      dropout or batch norm); results in ``History.evals``;
+    * ``callbacks``: each called after every step with {step, epoch, loss, lr, evaluated,
+      eval, history}; a true return value stops training (``jg.EarlyStopping``);
+    * ``checkpoint_every=n`` with ``checkpoint=path``: every n steps, params and buffers, the
+      optimizer's state and the loop's position are written to ``path`` (.npz, atomically);
+      ``resume=path`` continues from it -- the same steps, losses and params, bit for bit, as
+      the run that was not interrupted (given the same data and arguments).
+    """
+    for name, v, lo in (("epochs", epochs, 0), ("accumulate", accumulate, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise GraphError(f"train: {name} must be an int >= {lo}, got {v!r}")
+    for name, every in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise GraphError(f"train: {name} must be an int >= 1, got {every!r}")
+    if checkpoint_every is not None and checkpoint is None:
+        raise GraphError("train: checkpoint_every needs checkpoint=path (where to write)")
+    if lr is not None:
+        _learning_rate(lr, 0)
+    source = _Source(data, batch_size, shuffle, seed, epochs, inputs)
+    evaluation: Optional[Tuple[ForwardGraph, Dict[Tensor, Any]]] = None
+    if eval_data is not None:
+        data_arrays(eval_data, "train (eval_data)")
+        evaluation = (_eval_program(bwd, eval_program), eval_data)
+    pos = {"step": 0, "epoch": 0, "in_epoch": 0, "micro": 0}
+    history = History()
+    config = {"seed": seed, "accumulate": accumulate, "shuffle": shuffle, "batch_size": batch_size, "epochs": epochs}
+    if resume is not None:
+        pos, history = _load_checkpoint(resume, bwd, optimizer, config)
+    per_epoch = source.n_rows // source.batch_size if source.arrays is not None else None
     bar = None
-    losses: List[float] = []
-    running = None
+    running = history[-1] if history else None
+
+    def after_step(epoch: int) -> bool:
+        nonlocal bar, running
+        loss = history[-1]
+        running = loss if running is None else 0.95 * running + 0.05 * loss
+        step = pos["step"]
+        evaluated = evaluation is not None and eval_every is not None and step % eval_every == 0
+        if evaluation is not None and evaluated:
+            history.evals.append((step, evaluate(*evaluation)))
+        info = {"step": step, "epoch": epoch, "loss": loss, "lr": optimizer.lr, "evaluated": evaluated,
+                "eval": history.evals[-1][1] if history.evals else None, "history": history}
+        stop = any([bool(cb(info)) for cb in callbacks])
+        if checkpoint is not None and checkpoint_every is not None and step % checkpoint_every == 0:
+            _save_checkpoint(checkpoint, bwd, optimizer, pos, history, config)
+        if progress and bar is None:
+            # the bar opens after the first step: what compiles then has its own line
+            # (compiler.CompileLine), and the rate and ETA count the steps after it; none
+            # where stderr is no terminal (disable=None): a log would keep every frame
+            total = epochs * (math.ceil(per_epoch / accumulate) if per_epoch is not None else 0) or None
+            bar = tqdm(total=total, initial=step, desc=desc, unit="step", leave=False, disable=None)
+        elif bar is not None:
+            bar.update(1)
+        if bar is not None:
+            bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
+        return stop
+
+    def take_step(micro_losses: List[float]) -> None:
+        if lr is not None:
+            optimizer.lr = _learning_rate(lr, pos["step"])
+        optimizer.step(grad_scale=1.0 / len(micro_losses))
+        pos["step"] += 1
+        history.append(float(np.mean(micro_losses)) if len(micro_losses) > 1 else micro_losses[0])
+
     try:
-        for epoch in range(epochs):
-            for feeds in batches(data, batch_size, shuffle, seed + epoch):
-                loss = float(bwd.run(feeds, seed=seed + len(losses)))
-                optimizer.step()
-                losses.append(loss)
-                running = loss if running is None else 0.95 * running + 0.05 * loss
-                if progress and bar is None:
-                    # the bar opens after the first step: what compiles then has its own line
-                    # (compiler.CompileLine), and the rate and ETA count the steps after it; none
-                    # where stderr is no terminal (disable=None): a log would keep every frame
-                    bar = tqdm(total=epochs * per_epoch, initial=1, desc=desc, unit="step", leave=False,
-                               disable=None)
-                elif bar is not None:
-                    bar.update(1)
-                if bar is not None:
-                    bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
+        for epoch in range(pos["epoch"], epochs):
+            pos["epoch"] = epoch
+            micro: List[float] = []
+            for k, feeds in enumerate(source.epoch(epoch)):
+                if k < pos["in_epoch"]:
+                    continue                      # resuming: these ran before the checkpoint
+                micro.append(float(bwd.run(feeds, accumulate=bool(micro), seed=seed + pos["micro"])))
+                pos["micro"] += 1
+                pos["in_epoch"] = k + 1
+                if len(micro) == accumulate:
+                    take_step(micro)
+                    micro = []
+                    if after_step(epoch):
+                        history.stopped = True
+                        return history
+            if micro:                             # the epoch's last, short group
+                take_step(micro)
+                if after_step(epoch):
+                    history.stopped = True
+                    return history
+            pos["in_epoch"] = 0
+            if evaluation is not None and eval_every is None:
+                history.evals.append((pos["step"], evaluate(*evaluation)))
     finally:
         if bar is not None:
             bar.close()
-    return losses
+    return history
+
+
+# ---- checkpoints: the loop's state in one .npz (no pickle) ----------------------------------------
+def _save_checkpoint(path: Any, bwd: BackwardGraph, optimizer: Optimizer, pos: Dict[str, int], history: History,
+                     config: Dict[str, Any]) -> None:
+    g = bwd.graph
+    opt = optimizer.state_dict()
+    meta = {"pos": pos, "config": config, "losses": list(history), "evals": history.evals,
+            "optimizer": {"kind": opt["kind"], "step": opt["step"], "hyper": opt["hyper"], "params": opt["params"]},
+            "store_used": int(g.store_used), "dtype": g.dtype.name}
+    arrays = {f"opt_{k}": v for k, v in opt["state"].items()}
+    path = os.fspath(path)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, meta=np.array(json.dumps(meta)), store=g.store[:g.store_used], **arrays)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Any, bwd: BackwardGraph, optimizer: Optimizer,
+                     config: Dict[str, Any]) -> Tuple[Dict[str, int], History]:
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GraphError(f"train: no checkpoint at {path!r} to resume from")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            store = f["store"].copy()
+            state = {k[4:]: f[k].copy() for k in f.files if k.startswith("opt_")}
+    except (OSError, ValueError, KeyError) as e:
+        raise GraphError(f"train: {path!r} is not a jitgraph training checkpoint ({e})") from None
+    g = bwd.graph
+    if meta["store_used"] != g.store_used or meta["dtype"] != g.dtype.name or store.size != g.store_used:
+        raise GraphError(f"train: the checkpoint {path!r} holds {meta['store_used']} {meta['dtype']} values, this "
+                         f"graph {g.store_used} {g.dtype.name}: it was written for another model")
+    changed = [k for k, v in config.items() if k != "epochs" and meta["config"].get(k) != v]
+    if changed:
+        raise GraphError(f"train: resuming with other {', '.join(changed)} than the checkpoint's would not continue "
+                         "the same run: " + ", ".join(f"{k}={meta['config'][k]!r}" for k in changed))
+    optimizer.load_state_dict({**meta["optimizer"], "state": state})
+    g.store[:g.store_used] = store
+    history = History(meta["losses"])
+    history.evals = [(int(s), dict(m)) for s, m in meta["evals"]]
+    return {k: int(v) for k, v in meta["pos"].items()}, history
