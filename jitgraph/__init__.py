@@ -11,6 +11,7 @@ from .segments import checkpoint
 from .errors import GraphError
 from .gradcheck import GradCheckResult, GradientCheckError, check_grads
 from .graph import Graph, Tensor, public_builders
+from .importer import Imported, from_torch
 from .io import load, save
 from .program import BackwardGraph, ForwardGraph, build_forward
 from .threads import get_num_threads, set_num_threads
@@ -22,7 +23,7 @@ __version__ = "0.2.0.dev0"
 
 __all__ = [
     "Graph", "Tensor", "GraphError", "build_forward", "build_backward", "grad", "ForwardGraph", "BackwardGraph",
-    "checkpoint", "pareto", "plans", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim", "nn",
+    "checkpoint", "pareto", "plans", "check_grads", "GradCheckResult", "GradientCheckError", "save", "load", "optim", "nn", "from_torch", "Imported",
     "train", "batches", "evaluate", "EarlyStopping", "History", "schedules", "plot_memory", "plot_pareto", "set_num_threads", "get_num_threads",
 ]
 globals().update(public_builders())     # jitgraph.relu, jitgraph.matmul ...: read from the op table

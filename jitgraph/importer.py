@@ -1,0 +1,339 @@
+"""jg.from_torch: a PyTorch module, exported with ``torch.export``, translated node by node
+into jitgraph ops with the module's weights.
+
+The exported program is ATen's training-level IR: one node per ``aten.linear``,
+``aten.conv2d``, ``aten.scaled_dot_product_attention`` ...  Each node either
+
+* depends only on shapes and constants (a causal mask from ``ones(T, T).tril()``, position
+  ids from ``arange``, a registered mask buffer): it is **folded** -- run once by torch, and
+  its value kept as a constant; or
+* is **translated** by its rule in ``RULES`` (below, one line or a few per op) into jitgraph
+  ops on the translated sources.
+
+An op with no rule raises a GraphError naming the ATen op and the line of the model's
+source it came from; the graph being built is dropped, so nothing is left half-built.
+torch is imported here only (the ``bench`` / ``dev`` extras), never by ``import jitgraph``.
+"""
+import math
+import operator
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .errors import GraphError
+from .graph import Graph, Tensor
+from . import ops  # noqa: F401  -- the op table
+from .ops.attention import attention
+from .ops.batchnorm import batch_norm
+from .ops.conv import conv1d, conv2d
+from .ops.gather import embedding
+from .ops.norm import layer_norm
+from .ops.pool import avg_pool2d, max_pool2d
+from .ops.reduce import broadcast_to, mean, sum as total
+from .ops.shape import concat, reshape, slice_axis, transpose
+from .ops.softmaxes import cross_entropy, log_softmax, softmax
+from .ops.stochastic import dropout
+from .ops import unary, binary, elementary
+
+__all__ = ["from_torch", "Imported", "RULES"]
+
+
+class Imported:
+    """What ``from_torch`` returns: ``graph``; ``inputs`` (jitgraph inputs in the order of
+    example_inputs); ``outputs`` (the module's tensor outputs); ``params`` (torch name ->
+    jitgraph param: ``imp.params[name].grad`` is its gradient); ``buffers`` (torch name -> a
+    jitgraph const where the graph reads one, else the buffer's value as a numpy array)."""
+
+    def __init__(self, graph: Graph, inputs: List[Tensor], outputs: List[Tensor], params: Dict[str, Tensor],
+                 buffers: Dict[str, Any]) -> None:
+        self.graph, self.inputs, self.outputs, self.params, self.buffers = graph, inputs, outputs, params, buffers
+
+    def __repr__(self) -> str:
+        return (f"<Imported {len(self.graph)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
+                f"{len(self.params)} params, {len(self.buffers)} buffers>")
+
+
+# ---- the rules: ATen op name -> jitgraph ops ---------------------------------------------------------
+def _dims(x: Tensor, dims: Any) -> List[int]:
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted(d % x.ndim for d in dims)
+
+
+def _permute(x: Tensor, perm: Sequence[int]) -> Tensor:
+    perm = [p % x.ndim for p in perm]
+    return x if perm == list(range(x.ndim)) else transpose(x, perm)
+
+
+def _swap(x: Tensor, a: int, b: int) -> Tensor:
+    perm = list(range(x.ndim))
+    a, b = a % x.ndim, b % x.ndim
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(x, perm)
+
+
+def _reduce(fn: Callable[..., Tensor], x: Tensor, dims: Any = None, keepdim: bool = False) -> Tensor:
+    axes = list(range(x.ndim)) if dims is None or (not isinstance(dims, int) and len(dims) == 0) else _dims(x, dims)
+    return fn(x, axis=tuple(axes), keepdims=bool(keepdim))
+
+
+def _slice(x: Tensor, dim: int = 0, start: Optional[int] = None, end: Optional[int] = None, step: int = 1) -> Tensor:
+    n = x.shape[dim]
+    lo, hi, st = slice(start, end, step).indices(n)
+    if st != 1:
+        raise GraphError(f"slice with step {step}: only step 1 is translated")
+    return x if (lo, hi) == (0, n) else slice_axis(x, dim, lo, hi)
+
+
+def _split(x: Tensor, sizes: Any, dim: int = 0) -> List[Tensor]:
+    n = x.shape[dim]
+    sizes = [sizes] * math.ceil(n / sizes) if isinstance(sizes, int) else list(sizes)
+    out, at = [], 0
+    for s in sizes:
+        out.append(slice_axis(x, dim, at, min(at + s, n)))
+        at += s
+    return out
+
+
+def _unsqueeze(x: Tensor, dim: int) -> Tensor:
+    dim = dim % (x.ndim + 1)
+    return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def _squeeze(x: Tensor, dims: Any = None) -> Tensor:
+    drop = [d for d in (range(x.ndim) if dims is None else _dims(x, dims)) if x.shape[d] == 1]
+    return reshape(x, tuple(s for d, s in enumerate(x.shape) if d not in drop))
+
+
+def _flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
+    a, b = start % max(x.ndim, 1), end % max(x.ndim, 1)
+    return reshape(x, x.shape[:a] + (int(np.prod(x.shape[a:b + 1])),) + x.shape[b + 1:])
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+          scale: Optional[float] = None, enable_gqa: bool = False) -> Tensor:
+    if dropout_p:
+        raise GraphError("scaled_dot_product_attention with dropout_p > 0: not translated (export in eval mode)")
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        causal = np.tril(np.ones(m.shape[-2:], bool))
+        if m.dtype == bool and np.array_equal(np.broadcast_to(causal, m.shape), m):
+            is_causal = True
+        elif m.dtype != bool and np.array_equal(np.broadcast_to(np.where(causal, 0.0, -np.inf), m.shape), m):
+            is_causal = True
+        else:
+            raise GraphError("scaled_dot_product_attention: an attn_mask other than the causal one is not translated")
+    return attention(q, k, v, causal=bool(is_causal), scale=scale)
+
+
+def _masked_fill(x: Tensor, mask: Any, value: float) -> Tensor:
+    keep = 1.0 - np.asarray(mask, dtype=np.float64)             # a folded mask: where it is 0, x stays
+    fill = np.where(np.asarray(mask, bool), float(value), 0.0)
+    if np.isinf(value):                                        # -inf where masked: x * 1 + (-inf) would NaN at 0 * inf
+        return binary.where(x.graph.const(np.asarray(mask, np.float64)), x.graph.const(fill), x)
+    return x * x.graph.const(keep) + x.graph.const(fill)
+
+
+def _cross_entropy(x: Tensor, target: Tensor, weight: Any = None, reduction: int = 1, ignore_index: int = -100,
+                   label_smoothing: float = 0.0) -> Tensor:
+    if weight is not None or reduction != 1 or label_smoothing:
+        raise GraphError("cross_entropy: only the mean over rows, without class weights or label smoothing, is "
+                         "translated")
+    return cross_entropy(x, target, ignore_index=ignore_index if ignore_index >= 0 else None)
+
+
+RULES: Dict[str, Callable[..., Any]] = {
+    "linear": lambda x, w, b=None: x @ transpose(w) + b if b is not None else x @ transpose(w),
+    "matmul": lambda a, b: a @ b, "mm": lambda a, b: a @ b, "bmm": lambda a, b: a @ b,
+    "addmm": lambda c, a, b, beta=1, alpha=1: c * beta + (a @ b) * alpha if (beta, alpha) != (1, 1) else c + a @ b,
+    "conv2d": lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1:
+        _bias(conv2d(x, w, tuple(stride) if not isinstance(stride, int) else stride,
+                     tuple(padding) if not isinstance(padding, int) else padding,
+                     tuple(dilation) if not isinstance(dilation, int) else dilation, groups), b, 4),
+    "conv1d": lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1:
+        _bias(conv1d(x, w, _one(stride), _one(padding), _one(dilation), groups), b, 3),
+    "batch_norm": lambda x, w, b, rm, rv, training, momentum, eps, cudnn=False:
+        batch_norm(x, w, b, rm, rv, training=bool(training), momentum=momentum, eps=eps),
+    "layer_norm": lambda x, shape, w=None, b=None, eps=1e-5, cudnn=False:
+        layer_norm(x, eps, w, b) if len(shape) == 1 else _unsupported("layer_norm over more than the last axis"),
+    "embedding": lambda w, idx, padding_idx=-1, scale_grad=False, sparse=False: embedding(w, idx),
+    "scaled_dot_product_attention": _sdpa,
+    "relu": unary.relu, "silu": unary.silu, "tanh": unary.tanh, "sigmoid": unary.sigmoid, "exp": unary.exp,
+    "log": unary.log, "sqrt": unary.sqrt, "abs": unary.abs, "neg": unary.neg,
+    "rsqrt": lambda x: 1.0 / unary.sqrt(x),
+    "gelu": lambda x, approximate="none": unary.gelu(x) if approximate == "none" else
+        x * 0.5 * (unary.tanh((x + elementary.pow(x, 3.0) * 0.044715) * math.sqrt(2 / math.pi)) + 1.0),
+    "softmax": lambda x, dim, half_to_float=False: softmax(x, dim),
+    "_softmax": lambda x, dim, half_to_float=False: softmax(x, dim),
+    "log_softmax": lambda x, dim, half_to_float=False: log_softmax(x, dim),
+    "_log_softmax": lambda x, dim, half_to_float=False: log_softmax(x, dim),
+    "dropout": lambda x, p, train: dropout(x, p) if train and p > 0 else x,
+    "add": lambda a, b, alpha=1: a + b * alpha if alpha != 1 else a + b,
+    "sub": lambda a, b, alpha=1: a - b * alpha if alpha != 1 else a - b,
+    "mul": lambda a, b: a * b, "div": lambda a, b: a / b, "pow": lambda a, b: elementary.pow(a, float(b)),
+    "mean": lambda x, dims=None, keepdim=False, dtype=None: _reduce(mean, x, dims, keepdim),
+    "sum": lambda x, dims=None, keepdim=False, dtype=None: _reduce(total, x, dims, keepdim),
+    "view": lambda x, shape: reshape(x, tuple(shape)), "reshape": lambda x, shape: reshape(x, tuple(shape)),
+    "_unsafe_view": lambda x, shape: reshape(x, tuple(shape)),
+    "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
+    "unflatten": lambda x, dim, sizes: reshape(x, x.shape[:dim % x.ndim] + tuple(sizes) + x.shape[dim % x.ndim + 1:]),
+    "transpose": _swap, "permute": lambda x, dims: _permute(x, dims), "t": lambda x: _swap(x, 0, 1),
+    "contiguous": lambda x, memory_format=None: x, "clone": lambda x, memory_format=None: x,
+    "alias": lambda x: x, "lift_fresh_copy": lambda x: x,
+    "slice": _slice, "select": lambda x, dim, i: _squeeze(_slice(x, dim, i, (i % x.shape[dim]) + 1), dim),
+    "split": _split, "split_with_sizes": _split, "chunk": lambda x, n, dim=0: _split(x, math.ceil(x.shape[dim] / n), dim),
+    "cat": lambda ts, dim=0: concat(ts, dim), "expand": lambda x, shape, implicit=False:
+        broadcast_to(x, tuple(s if s != -1 else x.shape[i - len(shape) + x.ndim] for i, s in enumerate(shape))),
+    "adaptive_avg_pool2d": lambda x, size: mean(x, axis=(2, 3), keepdims=True) if tuple(size) == (1, 1) else
+        _unsupported(f"adaptive_avg_pool2d to {tuple(size)} (only (1, 1))"),
+    "max_pool2d": lambda x, k, stride=(), padding=0, dilation=1, ceil_mode=False:
+        max_pool2d(x, tuple(k), tuple(stride) or None, _pair(padding)) if not ceil_mode else
+        _unsupported("max_pool2d with ceil_mode"),
+    "avg_pool2d": lambda x, k, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor=None:
+        avg_pool2d(x, tuple(k), tuple(stride) or None, _pair(padding)),
+    "masked_fill": _masked_fill,
+    "cross_entropy_loss": _cross_entropy,
+}
+
+
+def _bias(y: Tensor, b: Optional[Tensor], ndim: int) -> Tensor:
+    return y if b is None else y + reshape(b, (1, -1) + (1,) * (ndim - 2))
+
+
+def _one(v: Any) -> int:
+    return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
+
+
+def _pair(v: Any) -> Any:
+    return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
+def _unsupported(what: str) -> Any:
+    raise GraphError(f"{what}: not translated")
+
+
+# ---- the translation ------------------------------------------------------------------------------
+def _source_line(node: Any) -> str:
+    """The model's line an exported node came from: the innermost frame outside torch."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', node.meta.get("stack_trace") or "")
+    own = [f for f in frames if "/torch/" not in f[0]]
+    if not own:
+        return "(no source line recorded)"
+    path, line, code = own[-1]
+    return f'{path}, line {line}: {code.strip()}'
+
+
+def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) -> Imported:
+    """Import ``module`` (a torch.nn.Module) as a jitgraph graph: ``torch.export`` at the shapes
+    of ``example_inputs``, then each ATen node folded (if it depends only on shapes and
+    constants) or translated by its rule.  The graph's dtype is the module's floating dtype
+    (float64 or float32; ``dtype`` overrides).  Train-mode batch norm updates the running
+    statistics once per run; dropout uses jitgraph's masks (not torch's bits)."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("jg.from_torch needs PyTorch: pip install 'jitgraph[bench]' (or torch)") from None
+    if not isinstance(module, torch.nn.Module):
+        raise GraphError(f"from_torch: expects a torch.nn.Module, got {type(module).__name__}")
+    example_inputs = tuple(example_inputs)
+    try:
+        ep = torch.export.export(module, example_inputs)
+    except Exception as e:            # noqa: BLE001 -- torch's own message says what it could not trace
+        raise GraphError(f"from_torch: torch.export could not export {type(module).__name__}: {e}") from None
+    floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
+    dt = np.dtype(dtype) if dtype is not None else np.float64 if floats and floats[0] == torch.float64 else np.float32
+    g = Graph(dt)
+    sig = ep.graph_signature
+    state = {**ep.state_dict, **getattr(ep, "constants", {})}
+    params: Dict[str, Tensor] = {}
+    buffers: Dict[str, Any] = {}
+    inputs: List[Tensor] = []
+    env: Dict[str, Any] = {}          # fx node name -> a jitgraph Tensor, or a folded value (torch / python)
+    lazy: Dict[str, str] = {}         # fx node name of a buffer -> its torch name (a const once the graph reads it)
+    user = iter(example_inputs)
+    made: Dict[int, Tensor] = {}
+    for spec in sig.input_specs:
+        name = spec.arg.name
+        if spec.kind.name == "PARAMETER":
+            value = state[spec.target]
+            tied = made.get(id(value))             # one tensor under two names (a tied head): one param
+            if tied is None:
+                tied = made[id(value)] = g.param(value.detach().cpu().numpy(), name=spec.target)
+            params[spec.target] = env[name] = tied
+        elif spec.kind.name in ("BUFFER", "CONSTANT_TENSOR"):
+            env[name] = state[spec.target].detach().clone()
+            lazy[name] = spec.target
+            buffers[spec.target] = env[name].numpy()
+        elif spec.kind.name == "USER_INPUT":
+            ex = next(user)
+            if not isinstance(ex, torch.Tensor):
+                raise GraphError(f"from_torch: example input {name!r} is a {type(ex).__name__}; only tensors are inputs")
+            kind = np.int64 if not ex.is_floating_point() else None
+            t = g.input(tuple(ex.shape), name=name, dtype=kind)
+            env[name] = t
+            inputs.append(t)
+        else:
+            raise GraphError(f"from_torch: an input of kind {spec.kind.name} is not translated")
+
+    def jg_value(v: Any, fx_name: Optional[str] = None) -> Any:
+        """A folded torch tensor as a const of the graph (once), other values unchanged."""
+        if isinstance(v, torch.Tensor):
+            key = fx_name or str(id(v))
+            got = consts.get(key)
+            if got is None:
+                arr = v.detach().cpu().numpy()
+                got = consts[key] = g.const(arr if arr.dtype != bool else arr.astype(dt), name=lazy.get(key))
+                if key in lazy:
+                    buffers[lazy[key]] = got
+            return got
+        return v
+    consts: Dict[str, Tensor] = {}
+
+    def arg(a: Any, as_jg: bool) -> Any:
+        if hasattr(a, "op") and hasattr(a, "name") and type(a).__name__ == "Node":
+            v = env[a.name]
+            return jg_value(v, a.name) if as_jg else v
+        if isinstance(a, (list, tuple)):
+            return type(a)(arg(b, as_jg) for b in a)
+        return a
+
+    def on_graph(a: Any) -> bool:
+        if type(a).__name__ == "Node":
+            return isinstance(env[a.name], Tensor)
+        return isinstance(a, (list, tuple)) and any(on_graph(b) for b in a)
+
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            env[node.name] = env[node.args[0].name][node.args[1]]
+            continue
+        op_name = str(getattr(node.target, "__name__", node.target)).split(".")[0]
+        if not any(on_graph(a) for a in list(node.args) + list(node.kwargs.values())):
+            # shapes and constants only: torch computes it once (a mask, positions, a buffer's update)
+            env[node.name] = node.target(*arg(node.args, False), **arg(node.kwargs, False))
+            continue
+        rule = RULES.get(op_name)
+        where = _source_line(node)
+        if rule is None:
+            raise GraphError(f"from_torch: no translation for aten.{op_name} ({node.target}) at {where}")
+        args = list(arg(node.args, True))
+        if op_name in ("scaled_dot_product_attention", "masked_fill"):      # their masks stay folded values
+            mask_at = 3 if op_name == "scaled_dot_product_attention" else 1
+            if len(node.args) > mask_at and type(node.args[mask_at]).__name__ == "Node":
+                v = env[node.args[mask_at].name]
+                if isinstance(v, Tensor):
+                    raise GraphError(f"from_torch: aten.{op_name} with a mask computed from the inputs is not "
+                                     f"translated, at {where}")
+                args[mask_at] = v.detach().cpu().numpy()
+        try:
+            env[node.name] = rule(*args, **arg(node.kwargs, True))
+        except GraphError as e:
+            raise GraphError(f"from_torch: aten.{op_name} at {where}: {e}") from None
+    outputs = []
+    for spec in sig.output_specs:
+        if spec.kind.name == "USER_OUTPUT":
+            v = env[spec.arg.name] if hasattr(spec.arg, "name") else spec.arg.value
+            outputs.append(v if isinstance(v, Tensor) else g.const(np.asarray(v.detach().cpu().numpy()
+                                                                           if isinstance(v, torch.Tensor) else v)))
+    return Imported(g, inputs, outputs, params, buffers)
