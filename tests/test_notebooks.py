@@ -10,7 +10,8 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 
 
 def test_there_are_notebooks():
-    assert [p.stem for p in NOTEBOOKS] == ["01_quickstart", "02_backward_graph", "03_checkpointing", "04_resnet", "05_char_gpt"]
+    assert [p.stem for p in NOTEBOOKS] == ["01_quickstart", "02_backward_graph", "03_checkpointing", "04_resnet", "05_char_gpt",
+                                          "06_from_torch"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
