@@ -14,6 +14,7 @@ An op with no rule raises a GraphError naming the ATen op and the line of the mo
 source it came from; the graph being built is dropped, so nothing is left half-built.
 torch is imported here only (the ``bench`` / ``dev`` extras), never by ``import jitgraph``.
 """
+import inspect
 import math
 import operator
 import re
@@ -213,14 +214,24 @@ def _unsupported(what: str) -> Any:
 
 
 # ---- the translation ------------------------------------------------------------------------------
-def _source_line(node: Any) -> str:
-    """The model's line an exported node came from: the innermost frame outside torch."""
+def _source_line(node: Any, root: Any = None) -> str:
+    """The model's line an exported node came from: the innermost frame outside torch; where
+    torch kept no stack trace, the forward of the innermost module it came from."""
     frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', node.meta.get("stack_trace") or "")
     own = [f for f in frames if "/torch/" not in f[0]]
-    if not own:
-        return "(no source line recorded)"
-    path, line, code = own[-1]
-    return f'{path}, line {line}: {code.strip()}'
+    if own:
+        path, line, code = own[-1]
+        return f"{path}, line {line}: {code.strip()}"
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    if stack:
+        path, kind = stack[-1][0], str(stack[-1][1])
+        try:
+            fn = type(root.get_submodule(path)).forward
+            return (f"{inspect.getsourcefile(fn)}, line {inspect.getsourcelines(fn)[1]}: the forward of "
+                    f"{path or 'the model'} ({kind})")
+        except (AttributeError, TypeError, OSError):
+            return f"the forward of {path or 'the model'} ({kind})"
+    return "(no source line recorded)"
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) -> Imported:
@@ -314,7 +325,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) ->
             env[node.name] = node.target(*arg(node.args, False), **arg(node.kwargs, False))
             continue
         rule = RULES.get(op_name)
-        where = _source_line(node)
+        where = _source_line(node, module)
         if rule is None:
             raise GraphError(f"from_torch: no translation for aten.{op_name} ({node.target}) at {where}")
         args = list(arg(node.args, True))

@@ -17,11 +17,11 @@ if not __package__:  # a script: load this folder as jitgraph._perf (the checkou
     __package__ = perf_package().__name__
 
 from . import bench_backward, bench_checkpoint, bench_conv, bench_forward, bench_memory, harness, suite  # noqa: E402
-from . import bench_attention, bench_batchnorm, bench_budgets  # noqa: E402
+from . import bench_attention, bench_batchnorm, bench_budgets, bench_import  # noqa: E402
 
 WORKLOADS = suite.WORKLOADS + [bench_forward.WORKLOAD, bench_backward.WORKLOAD, bench_memory.WORKLOAD,
                                bench_checkpoint.WORKLOAD, bench_conv.WORKLOAD, bench_batchnorm.WORKLOAD,
-                               bench_attention.WORKLOAD, bench_budgets.WORKLOAD]
+                               bench_attention.WORKLOAD, bench_budgets.WORKLOAD, bench_import.WORKLOAD]
 DEFAULT = [w.key for w in suite.WORKLOADS]     # the lettered ones; the scripts by --only
 
 

@@ -17,7 +17,7 @@ import pytest
 from jitgraph.cli import perf_package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("forward", "backward", "memory", "checkpoint", "conv", "batchnorm", "attention", "budgets")
+SCRIPTS = ("forward", "backward", "memory", "checkpoint", "conv", "batchnorm", "attention", "budgets", "import")
 
 
 def run_bench(out, block_torch):

@@ -411,7 +411,8 @@ def test_the_training_bar_opens_after_the_first_step(monkeypatch):
     bwd = jg.build_backward(jg.build_forward(jg.sum(jg.relu(x @ w))))
     losses_seen = []
     real_run = bwd.run
-    monkeypatch.setattr(bwd, "run", lambda feeds, seed=None: losses_seen.append(1) or real_run(feeds, seed=seed))
+    monkeypatch.setattr(bwd, "run", lambda feeds, seed=None, accumulate=False:
+                        losses_seen.append(1) or real_run(feeds, accumulate=accumulate, seed=seed))
     losses = jg.train(bwd, jg.optim.SGD([w], lr=0.1), {x: np.ones((12, 3), np.float32)}, epochs=1)
     assert len(losses) == 3
     assert made == [(1, dict(total=3, initial=1, desc="train", unit="step", leave=False, disable=None))]
