@@ -110,7 +110,7 @@ def targets(models):
 
 
 def markdown(res):
-    L = [res["what"], ""]
+    L = []
     for m in res["models"]:
         L += [f"**{m['name']}** {m['config']}, input {tuple(m['input_shape'])}: {m['n_params']:,} parameters, "
               f"{m['nodes']} nodes in the backward program, planned peak {m['peak_bytes'] / 2**20:.2f} MiB; loss "
