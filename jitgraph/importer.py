@@ -163,7 +163,7 @@ RULES: Dict[str, Callable[..., Any]] = {
     "log": unary.log, "sqrt": unary.sqrt, "abs": unary.abs, "neg": unary.neg,
     "rsqrt": lambda x: 1.0 / unary.sqrt(x),
     "gelu": lambda x, approximate="none": unary.gelu(x) if approximate == "none" else
-        x * 0.5 * (unary.tanh((x + elementary.pow(x, 3.0) * 0.044715) * math.sqrt(2 / math.pi)) + 1.0),
+        x * 0.5 * (unary.tanh((x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0),   # x^3 as torch: products
     "softmax": lambda x, dim, half_to_float=False: softmax(x, dim),
     "_softmax": lambda x, dim, half_to_float=False: softmax(x, dim),
     "log_softmax": lambda x, dim, half_to_float=False: log_softmax(x, dim),
