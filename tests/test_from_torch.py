@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
+from jitgraph import nn
 from jitgraph.cli import perf_package
 
 torch = pytest.importorskip("torch")        # the bench / dev extras; `import jitgraph` never needs it
@@ -89,3 +90,94 @@ def test_importing_jitgraph_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, jitgraph; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class NNBlock(nn.Module):
+    """M.BasicBlock written with jitgraph.nn: the same names, so the same state dict."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.has_down = stride != 1 or cin != cout
+        if self.has_down:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        identity = self.downsample(x) if self.has_down else x
+        return jg.relu(self.bn2(self.conv2(jg.relu(self.bn1(self.conv1(x))))) + identity)
+
+
+class NNResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.layers = nn.Sequential(NNBlock(8, 8, 1), NNBlock(8, 16, 2))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(jg.mean(self.layers(jg.max_pool2d(self.stem(x), 2)), axis=(2, 3)))
+
+
+class NNGPT(nn.Module):
+    def __init__(self, vocab=13, d=16, heads=2, T=8, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(T, d)
+        self.h = nn.ModuleList()
+        for _ in range(layers):
+            block = nn.Module()
+            block.ln_1, block.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            block.attn = nn.Module()
+            block.attn.c_attn, block.attn.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            block.attn.register_buffer("bias", np.tril(np.ones((T, T))).reshape(1, 1, T, T), on_graph=False)
+            block.fc, block.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            self.h.append(block)
+        self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight                      # tied, PyTorch's way
+        self.gelu = nn.GELU(approximate="tanh")
+
+    def forward(self, idx):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe.weight                          # positions 0..T-1: the whole table
+        for b in self.h:
+            C = x.shape[-1]
+            qkv = b.attn.c_attn(b.ln_1(x))
+            q, k, v = (jg.transpose(jg.reshape(jg.slice_axis(qkv, -1, i * C, (i + 1) * C), (B, T, self.heads, -1)),
+                                    (0, 2, 1, 3)) for i in range(3))
+            y = jg.reshape(jg.transpose(jg.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
+            x = x + b.attn.c_proj(y)
+            x = x + b.proj(self.gelu(b.fc(b.ln_2(x))))
+        return self.lm_head(self.ln_f(x))
+
+
+@pytest.mark.parametrize("which", ["resnet", "gpt"])
+def test_the_same_models_built_with_jg_nn_load_torch_weights_and_agree(which, tmp_path):
+    """[6/6]: the reference models written with jitgraph.nn (the same parameter names) load
+    the torch model's safetensors file and give its loss and every gradient in float64."""
+    from safetensors.torch import save_model
+    torch.manual_seed(0)
+    if which == "resnet":
+        tm, jm = M.ResNet(), NNResNet()
+        x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
+        target, classes, feed_dtype = torch.randint(0, 10, (4,)), 10, None
+    else:
+        tm, jm = M.GPT(sdpa=True), NNGPT()
+        x = torch.randint(0, 13, (2, 8))
+        target, classes, feed_dtype = torch.randint(0, 13, (16,)), 13, np.int64
+    tm = tm.double()
+    save_model(tm, str(tmp_path / "w.safetensors"))       # a tied weight written once, under one of its names
+    assert jm.load_state_dict(tmp_path / "w.safetensors") == ([], [])
+    g = jg.Graph(np.float64)
+    xi = g.input(tuple(x.shape), name="x", dtype=feed_dtype)
+    logits = jg.reshape(jm(xi), (-1, classes))
+    loss = jg.cross_entropy(logits, g.const(onehot(target.numpy(), classes, np.float64)))
+    got = float(jg.build_backward(jg.build_forward(loss)).run({xi: x.numpy()}))
+    want = F.cross_entropy(tm(x).reshape(-1, classes), target)
+    want.backward()
+    assert got == pytest.approx(want.item(), rel=1e-10)
+    ours = dict(jm.named_parameters())
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(ours[name].grad, p.grad.numpy(), rtol=1e-9, atol=1e-12 * np.abs(p.grad.numpy()).max())
+    if which == "gpt":
+        assert jm.lm_head.weight is jm.wte.weight                 # one param under both names

@@ -14,6 +14,7 @@ dicts of arrays (or torch tensors) or safetensors files (``nn.files``).
 """
 import math
 import os
+import weakref
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
@@ -25,6 +26,9 @@ from .files import load_safetensors, save_safetensors, to_array
 from .summary import summary_table
 
 _rng = np.random.default_rng(0)
+# per graph: id(Parameter) -> (the Parameter, its param Tensor), so a Parameter two modules share
+# (tied weights) becomes one param of that graph
+_made: "weakref.WeakKeyDictionary[Graph, Dict[int, Tuple[Parameter, Tensor]]]" = weakref.WeakKeyDictionary()
 
 
 def manual_seed(seed: int) -> None:
@@ -117,8 +121,9 @@ class Module:
                     return t
                 if name in d["_buffers"] and not d["_buffers"][name].on_graph:
                     return d["_buffers"][name].data
-                raise GraphError(f"{type(self).__name__}.{name} is not on a graph yet: call the module on an input "
-                                 "(or bind(graph)) first")
+                # not on a graph yet: the Parameter itself, so that PyTorch's way of tying weights
+                # (self.head.weight = self.embed.weight) shares it; binding makes one param of it
+                return d["_parameters"].get(name) or d["_buffers"][name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def register_parameter(self, name: str, value: Any) -> None:
@@ -175,8 +180,12 @@ class Module:
                                  "model and copy the weights (other.load_state_dict(model.state_dict()))")
             object.__setattr__(self, "_graph", g)
             newly.append(self)
+            made = _made.setdefault(g, {})
             for name, p in self._parameters.items():
-                self._tensors[name] = g.param(p.data, name=_free_name(g, prefix + name))
+                shared = made.get(id(p))                 # a Parameter two modules hold (tied): one param
+                if shared is None or shared[0] is not p:
+                    shared = made[id(p)] = (p, g.param(p.data, name=_free_name(g, prefix + name)))
+                self._tensors[name] = shared[1]
             for name, b in self._buffers.items():
                 if b.on_graph:
                     self._tensors[name] = g.const(b.data, name=_free_name(g, prefix + name))
@@ -184,6 +193,11 @@ class Module:
             m._bind(g, prefix + name + ".", newly)
 
     def _unbind(self) -> None:
+        g = self._graph
+        made = _made.get(g) if g is not None else None
+        if made:                                     # the params the rolled-back call made are gone
+            for key in [k for k, (_, t) in made.items() if t.id >= g.nodes.n]:
+                del made[key]
         self._tensors.clear()
         object.__setattr__(self, "_graph", None)
 
@@ -236,9 +250,14 @@ class Module:
                     yield (f"{path}.{name}" if path else name), m, name
 
     def named_parameters(self) -> Iterator[Tuple[str, Tensor]]:
-        """(name, param Tensor) of every parameter, PyTorch's names; the module must be bound."""
+        """(name, param Tensor) of every parameter (a shared one once), PyTorch's names; the
+        module must be bound (called once, or bind(graph))."""
         for path, m, name in self._named("_parameters"):
-            yield path, getattr(m, name)
+            t = m._tensors.get(name)
+            if t is None:
+                raise GraphError(f"{type(m).__name__}.{name} is not on a graph yet: call the model on an input "
+                                 "(or bind(graph)) first")
+            yield path, t
 
     def parameters(self) -> List[Tensor]:
         """Every parameter's Tensor, for ``jg.optim``; the module must be bound (called once)."""
@@ -297,7 +316,8 @@ class Module:
             for which in ("_parameters", "_buffers"):
                 for name in getattr(m, which):
                     targets.setdefault(f"{path}.{name}" if path else name, (m, name, which))
-        missing = [k for k in targets if k not in arrays]
+        given = {id(getattr(m, w)[n]) for k, (m, n, w) in targets.items() if k in arrays}
+        missing = [k for k, (m, n, w) in targets.items() if id(getattr(m, w)[n]) not in given]   # tied: one name does
         unexpected = [k for k in arrays if k not in targets]
         if strict and missing:
             problems.append("missing keys: " + ", ".join(missing))
