@@ -36,6 +36,7 @@ from .ops.shape import concat, reshape, slice_axis, transpose
 from .ops.softmaxes import cross_entropy, log_softmax, softmax
 from .ops.stochastic import dropout
 from .ops import unary, binary, elementary
+from .nn.layers import channel_bias, flatten, gelu_tanh, linear
 
 __all__ = ["from_torch", "Imported", "RULES"]
 
@@ -106,11 +107,6 @@ def _squeeze(x: Tensor, dims: Any = None) -> Tensor:
     return reshape(x, tuple(s for d, s in enumerate(x.shape) if d not in drop))
 
 
-def _flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
-    a, b = start % max(x.ndim, 1), end % max(x.ndim, 1)
-    return reshape(x, x.shape[:a] + (int(np.prod(x.shape[a:b + 1])),) + x.shape[b + 1:])
-
-
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
           scale: Optional[float] = None, enable_gqa: bool = False) -> Tensor:
     if dropout_p:
@@ -144,15 +140,15 @@ def _cross_entropy(x: Tensor, target: Tensor, weight: Any = None, reduction: int
 
 
 RULES: Dict[str, Callable[..., Any]] = {
-    "linear": lambda x, w, b=None: x @ transpose(w) + b if b is not None else x @ transpose(w),
+    "linear": linear,
     "matmul": lambda a, b: a @ b, "mm": lambda a, b: a @ b, "bmm": lambda a, b: a @ b,
     "addmm": lambda c, a, b, beta=1, alpha=1: c * beta + (a @ b) * alpha if (beta, alpha) != (1, 1) else c + a @ b,
     "conv2d": lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1:
-        _bias(conv2d(x, w, tuple(stride) if not isinstance(stride, int) else stride,
-                     tuple(padding) if not isinstance(padding, int) else padding,
-                     tuple(dilation) if not isinstance(dilation, int) else dilation, groups), b, 4),
+        channel_bias(conv2d(x, w, tuple(stride) if not isinstance(stride, int) else stride,
+                            tuple(padding) if not isinstance(padding, int) else padding,
+                            tuple(dilation) if not isinstance(dilation, int) else dilation, groups), b),
     "conv1d": lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1:
-        _bias(conv1d(x, w, _one(stride), _one(padding), _one(dilation), groups), b, 3),
+        channel_bias(conv1d(x, w, _one(stride), _one(padding), _one(dilation), groups), b),
     "batch_norm": lambda x, w, b, rm, rv, training, momentum, eps, cudnn=False:
         batch_norm(x, w, b, rm, rv, training=bool(training), momentum=momentum, eps=eps),
     "layer_norm": lambda x, shape, w=None, b=None, eps=1e-5, cudnn=False:
@@ -162,8 +158,7 @@ RULES: Dict[str, Callable[..., Any]] = {
     "relu": unary.relu, "silu": unary.silu, "tanh": unary.tanh, "sigmoid": unary.sigmoid, "exp": unary.exp,
     "log": unary.log, "sqrt": unary.sqrt, "abs": unary.abs, "neg": unary.neg,
     "rsqrt": lambda x: 1.0 / unary.sqrt(x),
-    "gelu": lambda x, approximate="none": unary.gelu(x) if approximate == "none" else
-        x * 0.5 * (unary.tanh((x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0),   # x^3 as torch: products
+    "gelu": lambda x, approximate="none": unary.gelu(x) if approximate == "none" else gelu_tanh(x),
     "softmax": lambda x, dim, half_to_float=False: softmax(x, dim),
     "_softmax": lambda x, dim, half_to_float=False: softmax(x, dim),
     "log_softmax": lambda x, dim, half_to_float=False: log_softmax(x, dim),
@@ -176,7 +171,7 @@ RULES: Dict[str, Callable[..., Any]] = {
     "sum": lambda x, dims=None, keepdim=False, dtype=None: _reduce(total, x, dims, keepdim),
     "view": lambda x, shape: reshape(x, tuple(shape)), "reshape": lambda x, shape: reshape(x, tuple(shape)),
     "_unsafe_view": lambda x, shape: reshape(x, tuple(shape)),
-    "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
+    "flatten": flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "unflatten": lambda x, dim, sizes: reshape(x, x.shape[:dim % x.ndim] + tuple(sizes) + x.shape[dim % x.ndim + 1:]),
     "transpose": _swap, "permute": lambda x, dims: _permute(x, dims), "t": lambda x: _swap(x, 0, 1),
     "contiguous": lambda x, memory_format=None: x, "clone": lambda x, memory_format=None: x,
@@ -195,10 +190,6 @@ RULES: Dict[str, Callable[..., Any]] = {
     "masked_fill": _masked_fill,
     "cross_entropy_loss": _cross_entropy,
 }
-
-
-def _bias(y: Tensor, b: Optional[Tensor], ndim: int) -> Tensor:
-    return y if b is None else y + reshape(b, (1, -1) + (1,) * (ndim - 2))
 
 
 def _one(v: Any) -> int:

@@ -52,6 +52,32 @@ def _need(x: Any, layer: Module, ndims: Sequence[int], axis: int, size: Optional
     return x
 
 
+# ---- the layers' math, shared with jg.from_torch's rules (importer.py) ---------------------------------
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """x W^T + b, W (out, in): the transpose is read in place by the product."""
+    y = x @ transpose(weight)
+    return y if bias is None else y + bias
+
+
+def channel_bias(y: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """y (N, C, *spatial) plus a (C,) bias on each channel."""
+    return y if bias is None else y + reshape(bias, (1, -1) + (1,) * (y.ndim - 2))
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """PyTorch's tanh GELU, x^3 as products as its kernel (pow would be an exp and a log)."""
+    return x * 0.5 * (unary.tanh((x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)) + 1.0)
+
+
+def flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
+    """Axes start..end (inclusive) merged into one."""
+    nd = max(x.ndim, 1)
+    a, b = start % nd, end % nd
+    if a > b:
+        raise GraphError(f"flatten: start_dim {start} comes after end_dim {end} for {x.shape}")
+    return reshape(x, x.shape[:a] + (int(np.prod(x.shape[a:b + 1])),) + x.shape[b + 1:])
+
+
 # ---- products ----------------------------------------------------------------------------------
 class Linear(Module):
     """y = x W^T + b: weight (out_features, in_features), bias (out_features,); x (..., in_features)."""
@@ -70,8 +96,7 @@ class Linear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = _need(x, self, (1, 2, 3, 4), -1, self.in_features, f"(..., {self.in_features})")
-        y = x @ transpose(self.weight)              # the transpose is read in place by the product
-        return y + self.bias if self.has_bias else y
+        return linear(x, self.weight, self.bias if self.has_bias else None)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
@@ -120,7 +145,7 @@ class Conv2d(_ConvNd):
     def forward(self, x: Tensor) -> Tensor:
         x = _need(x, self, (4,), 1, self.in_channels, f"(N, {self.in_channels}, H, W)")
         y = conv2d(x, self.weight, self.stride, self.padding, self.dilation, self.groups)
-        return y + reshape(self.bias, (1, self.out_channels, 1, 1)) if self.has_bias else y
+        return channel_bias(y, self.bias if self.has_bias else None)
 
 
 class Conv1d(_ConvNd):
@@ -133,7 +158,7 @@ class Conv1d(_ConvNd):
     def forward(self, x: Tensor) -> Tensor:
         x = _need(x, self, (3,), 1, self.in_channels, f"(N, {self.in_channels}, L)")
         y = conv1d(x, self.weight, self.stride[0], self.padding[0], self.dilation[0], self.groups)
-        return y + reshape(self.bias, (1, self.out_channels, 1)) if self.has_bias else y
+        return channel_bias(y, self.bias if self.has_bias else None)
 
 
 # ---- normalization -----------------------------------------------------------------------------
@@ -369,10 +394,7 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.approximate == "none":
-            return unary.gelu(x)
-        inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)     # x^3 as products (pow is exp and log)
-        return x * 0.5 * (unary.tanh(inner) + 1.0)
+        return unary.gelu(x) if self.approximate == "none" else gelu_tanh(x)
 
 
 class LeakyReLU(Module):
@@ -411,14 +433,29 @@ class Flatten(Module):
         self.start_dim, self.end_dim = start_dim, end_dim
 
     def forward(self, x: Tensor) -> Tensor:
-        nd = x.ndim
-        a, b = self.start_dim % nd, self.end_dim % nd
-        if a > b:
-            raise GraphError(f"Flatten: start_dim {self.start_dim} comes after end_dim {self.end_dim} for {x.shape}")
-        return reshape(x, x.shape[:a] + (int(np.prod(x.shape[a:b + 1])),) + x.shape[b + 1:])
+        return flatten(x, self.start_dim, self.end_dim)
 
 
-class Sequential(Module):
+class _Container(Module):
+    """Submodules named "0", "1", ... (or by the caller): indexed, counted, iterated, appended."""
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def append(self, m: Module) -> "_Container":
+        if not isinstance(m, Module):
+            raise GraphError(f"{type(self).__name__}.append: expects a Module, got {type(m).__name__}")
+        setattr(self, str(len(self)), m)
+        return self
+
+
+class Sequential(_Container):
     """Modules called in turn: ``Sequential(a, b, c)`` (named "0", "1", "2") or from an
     OrderedDict of names."""
 
@@ -436,45 +473,15 @@ class Sequential(Module):
             x = m(x)
         return x
 
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
 
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-    def append(self, m: Module) -> "Sequential":
-        if not isinstance(m, Module):
-            raise GraphError(f"Sequential.append: expects a Module, got {type(m).__name__}")
-        setattr(self, str(len(self)), m)
-        return self
-
-
-class ModuleList(Module):
+class ModuleList(_Container):
     """A list of modules whose parameters count as the owner's (names "0", "1", ...)."""
 
     def __init__(self, modules: Iterable[Module] = ()) -> None:
         super().__init__()
         self.extend(modules)
 
-    def append(self, m: Module) -> "ModuleList":
-        if not isinstance(m, Module):
-            raise GraphError(f"ModuleList.append: expects a Module, got {type(m).__name__}")
-        setattr(self, str(len(self)), m)
-        return self
-
     def extend(self, modules: Iterable[Module]) -> "ModuleList":
         for m in modules:
             self.append(m)
         return self
-
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
