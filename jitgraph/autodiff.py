@@ -162,14 +162,14 @@ def _measure(fwd: ForwardGraph, rows: List[dict], feeds: Feeds, repeats: int, **
     if not isinstance(feeds, Mapping):
         raise GraphError(f"pareto: feeds must be a dict {{input tensor or name: array}}, got {type(feeds).__name__}")
     loss = fwd.outputs[0]
+    ids = {(fwd.graph.tensor(k) if isinstance(k, str) else k).id: v for k, v in feeds.items()
+           if isinstance(k, str) or (isinstance(k, Tensor) and k.graph is fwd.graph)}
+    if len(ids) != len(feeds):
+        raise GraphError("pareto: feeds are keyed by the forward graph's input tensors or their names")
     progs = []
     for plan in [None] + [r["plan"] for r in rows]:
         g = fwd.graph.scratch_copy()
         prog = build_backward(build_forward(Tensor(g, loss.id)), plan=plan, **options)
-        ids = {(fwd.graph.tensor(k) if isinstance(k, str) else k).id: v for k, v in feeds.items()
-               if isinstance(k, str) or (isinstance(k, Tensor) and k.graph is fwd.graph)}
-        if len(ids) != len(feeds):
-            raise GraphError("pareto: feeds are keyed by the forward graph's input tensors or their names")
         progs.append((prog, {Tensor(g, n): v for n, v in ids.items()}))
     times: List[List[float]] = [[] for _ in progs]
     for prog, f in progs:

@@ -38,12 +38,16 @@ def data_arrays(data: Dict[Tensor, Any], what: str = "batches") -> Tuple[Dict[Te
     return arrays, n
 
 
+def check_batch_size(batch_size: Any, n_rows: int, what: str) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= n_rows:
+        raise GraphError(f"{what}: batch_size must be an int in [1, {n_rows}], got {batch_size!r}")
+
+
 def batch_rows(n_rows: int, batch_size: int, shuffle: bool = True, seed: int = 0,
                what: str = "batches") -> Iterator[np.ndarray]:
     """The row numbers of each batch ``batches`` yields: ``n_rows // batch_size`` batches
     of ``batch_size`` rows of one permutation drawn from ``seed`` (or in order)."""
-    if not (isinstance(batch_size, int) and 0 < batch_size <= n_rows):
-        raise GraphError(f"{what}: batch_size must be an int in [1, {n_rows}], got {batch_size!r}")
+    check_batch_size(batch_size, n_rows, what)
     idx = np.random.default_rng(seed).permutation(n_rows) if shuffle else np.arange(n_rows)
     for start in range(0, n_rows - batch_size + 1, batch_size):
         yield idx[start:start + batch_size]
@@ -113,8 +117,7 @@ class _Source:
                 if not first.shape:
                     raise GraphError("train: give batch_size, or data keyed by input tensors with a batch axis")
                 batch_size = first.shape[0]
-            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= n:
-                raise GraphError(f"train: batch_size must be an int in [1, {n}], got {batch_size!r}")
+            check_batch_size(batch_size, n, "train")
             self.n_rows, self.batch_size = n, batch_size
         elif isinstance(data, Mapping) or not hasattr(data, "__iter__"):
             raise GraphError("train: data must map input tensors to arrays, or be an iterable of feed dicts "
@@ -257,12 +260,15 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
             bar.set_postfix(epoch=epoch + 1, loss=f"{running:.4f}", refresh=False)
         return stop
 
-    def take_step(micro_losses: List[float]) -> None:
+    def take_step(micro_losses: List[float], epoch: int) -> None:
+        """One optimizer step on the micro-batches' mean gradient, then what follows a step
+        (evaluation, callbacks -- which may stop the run -- checkpoint, the bar)."""
         if lr is not None:
             optimizer.lr = _learning_rate(lr, pos["step"])
         optimizer.step(grad_scale=1.0 / len(micro_losses))
         pos["step"] += 1
         history.append(float(np.mean(micro_losses)) if len(micro_losses) > 1 else micro_losses[0])
+        history.stopped = after_step(epoch)
 
     try:
         for epoch in range(pos["epoch"], epochs):
@@ -275,15 +281,13 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
                 pos["micro"] += 1
                 pos["in_epoch"] = k + 1
                 if len(micro) == accumulate:
-                    take_step(micro)
+                    take_step(micro, epoch)
                     micro = []
-                    if after_step(epoch):
-                        history.stopped = True
+                    if history.stopped:
                         return history
             if micro:                             # the epoch's last, short group
-                take_step(micro)
-                if after_step(epoch):
-                    history.stopped = True
+                take_step(micro, epoch)
+                if history.stopped:
                     return history
             pos["in_epoch"] = 0
             if evaluation is not None and eval_every is None:

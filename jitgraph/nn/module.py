@@ -16,6 +16,7 @@ import math
 import os
 import weakref
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
@@ -143,18 +144,9 @@ class Module:
         if g is None:
             raise GraphError(f"{type(self).__name__}: expects jitgraph Tensors (made by g.input, or a layer's output), "
                              f"got {', '.join(type(a).__name__ for a in args)}")
-        newly: List[Module] = []
         first = g.nodes.n
-        try:
-            with g.transaction():
-                self._bind(g, "", newly)
-                out = self.forward(*args, **kwargs)
-        except BaseException:
-            for m in newly:                  # the transaction took their params back
-                m._unbind()
-            for m in self.modules():         # and the nodes inner calls had built
-                m._built[:] = [b for b in m._built if b[0] < first]
-            raise
+        with self._building(g):
+            out = self.forward(*args, **kwargs)
         self._built.append((first, g.nodes.n, out.shape if isinstance(out, Tensor) else None))
         return out
 
@@ -163,15 +155,27 @@ class Module:
         without building a layer: for ``parameters()`` before the first call."""
         if not isinstance(graph, Graph):
             raise GraphError(f"{type(self).__name__}.bind: expects a jitgraph Graph, got {type(graph).__name__}")
-        newly: List[Module] = []
-        try:
-            with graph.transaction():
-                self._bind(graph, "", newly)
-        except BaseException:
-            for m in newly:
-                m._unbind()
-            raise
+        with self._building(graph):
+            pass
         return self
+
+    @contextmanager
+    def _building(self, g: Graph) -> Iterator[None]:
+        """This module bound to g, then the block, all or nothing: if anything raises, g drops
+        what was built (its transaction), the modules bound here are unbound again and the
+        calls recorded inside are forgotten."""
+        newly: List[Module] = []
+        first = g.nodes.n
+        try:
+            with g.transaction():
+                self._bind(g, "", newly)
+                yield
+        except BaseException:
+            for m in newly:                  # the transaction took their params back
+                m._unbind()
+            for m in self.modules():         # and the nodes inner calls had built
+                m._built[:] = [b for b in m._built if b[0] < first]
+            raise
 
     def _bind(self, g: Graph, prefix: str, newly: List["Module"]) -> None:
         if self._graph is not g:             # bound here already: its children may be new (appended)
