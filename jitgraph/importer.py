@@ -204,6 +204,58 @@ def _unsupported(what: str) -> Any:
     raise GraphError(f"{what}: not translated")
 
 
+# ---- tensors of more than 4 axes -------------------------------------------------------------------
+VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "unflatten", "flatten", "transpose", "permute",
+         "contiguous", "clone", "alias"}
+
+
+class Wide:
+    """A torch tensor of more than 4 axes (jitgraph's limit), as real models make one for a
+    moment -- nn.MultiheadAttention's ``unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2)
+    .squeeze(-2)`` -- held as the jitgraph tensor of its axes longer than 1 in the same order:
+    dropping axes of length 1 leaves the row-major element order unchanged, so views of it
+    (reshapes, permutes, unit axes added or removed) translate exactly."""
+
+    def __init__(self, data: Tensor, shape: Sequence[int]) -> None:
+        self.data, self.shape = data, tuple(int(d) for d in shape)
+
+
+def _long_axes(shape: Sequence[int]) -> List[int]:
+    return [i for i, d in enumerate(shape) if d != 1]
+
+
+def _as_torch_shape(data: Tensor, shape: Sequence[int]) -> Any:
+    """``data`` (in row-major order) as a tensor of torch shape ``shape``: a jitgraph tensor,
+    or a Wide one when ``shape`` has more than 4 axes."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) <= 4:
+        return data if data.shape == shape else reshape(data, shape)
+    long = tuple(shape[i] for i in _long_axes(shape))
+    if len(long) > 4:
+        raise GraphError(f"a tensor of shape {shape}: more than 4 axes longer than 1 is beyond jitgraph's 4 axes")
+    return Wide(data if data.shape == long else reshape(data, long), shape)
+
+
+def view_of(op_name: str, args: Sequence[Any], out_shape: Sequence[int]) -> Any:
+    """A view op (``VIEWS``) of a Wide tensor, or one making a Wide tensor: a reshape (unit
+    axes added or dropped included) keeps the row-major order, a permute moves the long axes."""
+    x = args[0]
+    shape, data = x.shape, (x.data if isinstance(x, Wide) else x)
+    if op_name in ("transpose", "permute"):
+        perm = list(range(len(shape)))
+        if op_name == "permute":
+            perm = [p % len(shape) for p in args[1]]
+        else:
+            a, b = args[1] % len(shape), args[2] % len(shape)
+            perm[a], perm[b] = perm[b], perm[a]
+        if isinstance(x, Wide):
+            long = _long_axes(shape)
+            data = _permute(data, [long.index(p) for p in perm if shape[p] != 1])
+        else:
+            data = _permute(x, perm)
+    return _as_torch_shape(data, out_shape)
+
+
 # ---- the translation ------------------------------------------------------------------------------
 def _source_line(node: Any, root: Any = None) -> str:
     """The model's line an exported node came from: the innermost frame outside torch; where
@@ -301,7 +353,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) ->
 
     def on_graph(a: Any) -> bool:
         if type(a).__name__ == "Node":
-            return isinstance(env[a.name], Tensor)
+            return isinstance(env[a.name], (Tensor, Wide))
         return isinstance(a, (list, tuple)) and any(on_graph(b) for b in a)
 
     for node in ep.graph.nodes:
@@ -320,6 +372,18 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) ->
         if rule is None:
             raise GraphError(f"from_torch: no translation for aten.{op_name} ({node.target}) at {where}")
         args = list(arg(node.args, True))
+        out = node.meta.get("val")
+        out_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ()
+        wide = [a for a in args if isinstance(a, Wide)]
+        if op_name in VIEWS and (wide or len(out_shape) > 4):
+            try:
+                env[node.name] = view_of(op_name, args, out_shape)
+            except GraphError as e:
+                raise GraphError(f"from_torch: aten.{op_name} at {where}: {e}") from None
+            continue
+        if wide or len(out_shape) > 4:
+            raise GraphError(f"from_torch: aten.{op_name} on a tensor of {len((wide[0] if wide else out).shape)} axes "
+                             f"at {where}: jitgraph tensors have at most 4 (only views of longer ones are translated)")
         if op_name in ("scaled_dot_product_attention", "masked_fill"):      # their masks stay folded values
             mask_at = 3 if op_name == "scaled_dot_product_attention" else 1
             if len(node.args) > mask_at and type(node.args[mask_at]).__name__ == "Node":

@@ -86,6 +86,50 @@ def test_an_op_without_a_translation_names_it_and_its_line():
         jg.from_torch(lambda x: x, (torch.randn(2),))
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_torch_transformer_layers_with_five_axis_views_import(batch_first):
+    """nn.TransformerEncoderLayer and nn.MultiheadAttention (its averaged weights too) make a
+    5-axis tensor for a moment (unflatten, unsqueeze(0), transpose(0, -2), squeeze): held as
+    its long axes, the step's loss and every gradient are PyTorch's in float64."""
+    class Encoder(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = tnn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=batch_first)
+            self.mha = tnn.MultiheadAttention(16, 4, batch_first=batch_first)
+
+        def forward(self, x):
+            y = self.layer(x)
+            z, w = self.mha(y, y, y)
+            return (z * z).mean() + (w * w).sum()
+
+    torch.manual_seed(1)
+    model, x = Encoder().double(), torch.randn(3, 5, 16, dtype=torch.float64)
+    imp = jg.from_torch(model, (x,))
+    got = float(jg.build_backward(jg.build_forward(imp.outputs[0])).run({imp.inputs[0]: x.numpy()}))
+    want = model(x)
+    want.backward()
+    assert got == pytest.approx(want.item(), rel=1e-10)
+    for name, p in model.named_parameters():
+        ref = p.grad.numpy()
+        assert np.abs(imp.params[name].grad - ref).max() <= 1e-10 * np.abs(ref).max(), name
+
+
+def test_a_tensor_of_five_long_axes_is_refused_by_name():
+    class FiveAxes(tnn.Module):
+        def forward(self, x):
+            return x.view(2, 2, 2, 2, 2).sum()
+
+    with pytest.raises(jg.GraphError, match=r"aten\.view .*more than 4 axes longer than 1"):
+        jg.from_torch(FiveAxes(), (torch.randn(32),))
+
+    class WideAdd(tnn.Module):
+        def forward(self, x):
+            return (x.view(1, 2, 2, 2, 4) + 1.0).sum()
+
+    with pytest.raises(jg.GraphError, match=r"aten\.add on a tensor of 5 axes .*at most 4"):
+        jg.from_torch(WideAdd(), (torch.randn(32),))
+
+
 def test_importing_jitgraph_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, jitgraph; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True)
