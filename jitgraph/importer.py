@@ -45,11 +45,30 @@ class Imported:
     """What ``from_torch`` returns: ``graph``; ``inputs`` (jitgraph inputs in the order of
     example_inputs); ``outputs`` (the module's tensor outputs); ``params`` (torch name ->
     jitgraph param: ``imp.params[name].grad`` is its gradient); ``buffers`` (torch name -> a
-    jitgraph const where the graph reads one, else the buffer's value as a numpy array)."""
+    jitgraph const where the graph reads one, else the buffer's value as a numpy array).
+    ``with_batch(n)`` / ``with_inputs(...)``: the same model at other shapes on the same graph."""
 
     def __init__(self, graph: Graph, inputs: List[Tensor], outputs: List[Tensor], params: Dict[str, Tensor],
-                 buffers: Dict[str, Any]) -> None:
+                 buffers: Dict[str, Any], module: Any = None, example_inputs: Sequence[Any] = ()) -> None:
         self.graph, self.inputs, self.outputs, self.params, self.buffers = graph, inputs, outputs, params, buffers
+        self.module, self.example_inputs = module, tuple(example_inputs)
+
+    def with_inputs(self, *example_inputs: Any) -> "Imported":
+        """The model imported again at the shapes of ``example_inputs``, onto this graph: the
+        same params and buffers (a step of either program trains both), new inputs and
+        outputs.  Nothing recompiles: jitgraph's kernels do not depend on shapes."""
+        return from_torch(self.module, example_inputs, into=self)
+
+    def with_batch(self, n: int) -> "Imported":
+        """``with_inputs`` at batch size ``n`` (the first axis of every input): for the last
+        partial batch (``jg.train(..., tail=...)``) or evaluation at another size."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise GraphError(f"with_batch: n must be an int >= 1, got {n!r}")
+        for t, ex in zip(self.inputs, self.example_inputs):
+            if not t.shape:
+                raise GraphError(f"with_batch: input {t.label!r} has no batch axis; use with_inputs(...)")
+        rows = np.arange(int(n)) % np.array([ex.shape[0] for ex in self.example_inputs])[:, None]
+        return self.with_inputs(*(ex[r.tolist()] for ex, r in zip(self.example_inputs, rows)))
 
     def __repr__(self) -> str:
         return (f"<Imported {len(self.graph)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
@@ -277,30 +296,63 @@ def _source_line(node: Any, root: Any = None) -> str:
     return "(no source line recorded)"
 
 
-def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) -> Imported:
+def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None, *,
+               into: Optional[Imported] = None) -> Imported:
     """Import ``module`` (a torch.nn.Module) as a jitgraph graph: ``torch.export`` at the shapes
     of ``example_inputs``, then each ATen node folded (if it depends only on shapes and
     constants) or translated by its rule.  The graph's dtype is the module's floating dtype
     (float64 or float32; ``dtype`` overrides).  Train-mode batch norm updates the running
-    statistics once per run; dropout uses jitgraph's masks (not torch's bits)."""
+    statistics once per run; dropout uses jitgraph's masks (not torch's bits).  ``into``: an
+    earlier import of this module -- translate onto its graph with its params and buffers
+    (``Imported.with_inputs`` / ``with_batch``); all or nothing, as a new graph is."""
     try:
         import torch
     except ImportError:
         raise ImportError("jg.from_torch needs PyTorch: pip install 'jitgraph[bench]' (or torch)") from None
     if not isinstance(module, torch.nn.Module):
         raise GraphError(f"from_torch: expects a torch.nn.Module, got {type(module).__name__}")
+    if into is not None and not isinstance(into, Imported):
+        raise GraphError(f"from_torch: into must be what from_torch returned, got {type(into).__name__}")
     example_inputs = tuple(example_inputs)
     try:
         ep = torch.export.export(module, example_inputs)
     except Exception as e:            # noqa: BLE001 -- torch's own message says what it could not trace
         raise GraphError(f"from_torch: torch.export could not export {type(module).__name__}: {e}") from None
-    floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
-    dt = np.dtype(dtype) if dtype is not None else np.float64 if floats and floats[0] == torch.float64 else np.float32
-    g = Graph(dt)
+    if into is None:
+        floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
+        dt = np.dtype(dtype) if dtype is not None else \
+            np.float64 if floats and floats[0] == torch.float64 else np.float32
+        return _translate(torch, module, example_inputs, ep, Graph(dt), {}, {})
+    params, buffers = dict(into.params), dict(into.buffers)
+    try:
+        with into.graph.transaction():
+            return _translate(torch, module, example_inputs, ep, into.graph, into.params, into.buffers)
+    except BaseException:                 # the graph dropped what was made: so do the shared tables
+        for table, was in ((into.params, params), (into.buffers, buffers)):
+            table.clear()
+            table.update(was)
+        raise
+
+
+def _free(g: Graph, name: str) -> str:
+    """``name``, or ``name_2``, ``name_3`` ... if another tensor of g has it."""
+    k, free = 1, name
+    while True:
+        try:
+            g.tensor(free)
+        except GraphError:
+            return free
+        k += 1
+        free = f"{name}_{k}"
+
+
+def _translate(torch: Any, module: Any, example_inputs: Sequence[Any], ep: Any, g: Graph, params: Dict[str, Tensor],
+               buffers: Dict[str, Any]) -> Imported:
+    """The exported program ``ep`` translated onto ``g``; ``params`` and ``buffers`` hold what an
+    earlier import made (shared) and receive what this one makes."""
+    dt = g.dtype
     sig = ep.graph_signature
     state = {**ep.state_dict, **getattr(ep, "constants", {})}
-    params: Dict[str, Tensor] = {}
-    buffers: Dict[str, Any] = {}
     inputs: List[Tensor] = []
     env: Dict[str, Any] = {}          # fx node name -> a jitgraph Tensor, or a folded value (torch / python)
     lazy: Dict[str, str] = {}         # fx node name of a buffer -> its torch name (a const once the graph reads it)
@@ -310,20 +362,20 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) ->
         name = spec.arg.name
         if spec.kind.name == "PARAMETER":
             value = state[spec.target]
-            tied = made.get(id(value))             # one tensor under two names (a tied head): one param
+            tied = params.get(spec.target, made.get(id(value)))   # shared, or one tensor under two names (tied)
             if tied is None:
                 tied = made[id(value)] = g.param(value.detach().cpu().numpy(), name=spec.target)
             params[spec.target] = env[name] = tied
         elif spec.kind.name in ("BUFFER", "CONSTANT_TENSOR"):
             env[name] = state[spec.target].detach().clone()
             lazy[name] = spec.target
-            buffers[spec.target] = env[name].numpy()
+            buffers.setdefault(spec.target, env[name].numpy())
         elif spec.kind.name == "USER_INPUT":
             ex = next(user)
             if not isinstance(ex, torch.Tensor):
                 raise GraphError(f"from_torch: example input {name!r} is a {type(ex).__name__}; only tensors are inputs")
             kind = np.int64 if not ex.is_floating_point() else None
-            t = g.input(tuple(ex.shape), name=name, dtype=kind)
+            t = g.input(tuple(ex.shape), name=_free(g, name), dtype=kind)
             env[name] = t
             inputs.append(t)
         else:
@@ -334,6 +386,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) ->
         if isinstance(v, torch.Tensor):
             key = fx_name or str(id(v))
             got = consts.get(key)
+            if got is None and isinstance(buffers.get(lazy.get(key, "")), Tensor):
+                got = consts[key] = buffers[lazy[key]]        # read by an earlier import: the same const
             if got is None:
                 arr = v.detach().cpu().numpy()
                 got = consts[key] = g.const(arr if arr.dtype != bool else arr.astype(dt), name=lazy.get(key))
@@ -402,4 +456,4 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dtype: Any = None) ->
             v = env[spec.arg.name] if hasattr(spec.arg, "name") else spec.arg.value
             outputs.append(v if isinstance(v, Tensor) else g.const(np.asarray(v.detach().cpu().numpy()
                                                                            if isinstance(v, torch.Tensor) else v)))
-    return Imported(g, inputs, outputs, params, buffers)
+    return Imported(g, inputs, outputs, params, buffers, module, example_inputs)

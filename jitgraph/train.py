@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from .errors import GraphError
 from .graph import Tensor
+from .ir import F_INDEX
 from .optim import Optimizer
 from .program import BackwardGraph, ForwardGraph, build_forward
 from .registry import BATCH_STATS, DROPOUT
@@ -44,13 +45,51 @@ def check_batch_size(batch_size: Any, n_rows: int, what: str) -> None:
 
 
 def batch_rows(n_rows: int, batch_size: int, shuffle: bool = True, seed: int = 0,
-               what: str = "batches") -> Iterator[np.ndarray]:
+               what: str = "batches", keep_last: bool = False) -> Iterator[np.ndarray]:
     """The row numbers of each batch ``batches`` yields: ``n_rows // batch_size`` batches
-    of ``batch_size`` rows of one permutation drawn from ``seed`` (or in order)."""
+    of ``batch_size`` rows of one permutation drawn from ``seed`` (or in order), then, with
+    ``keep_last``, the rows left over (a partial batch) if any."""
     check_batch_size(batch_size, n_rows, what)
     idx = np.random.default_rng(seed).permutation(n_rows) if shuffle else np.arange(n_rows)
-    for start in range(0, n_rows - batch_size + 1, batch_size):
+    end = n_rows if keep_last else n_rows - batch_size + 1
+    for start in range(0, end, batch_size):
         yield idx[start:start + batch_size]
+
+
+class Tail:
+    """The program that takes a partial batch: ``program``'s model at ``rows`` rows (the same
+    params; built by calling a jg.nn model on smaller inputs, or ``Imported.with_batch``).
+    Their inputs pair up in the order they were made; each pair must differ only in the
+    batch (first) axis."""
+
+    def __init__(self, main: Any, tail: Any, what: str) -> None:
+        if type(tail) is not type(main) or tail.graph is not main.graph:
+            raise GraphError(f"{what}: tail must be a {type(main).__name__} on the same graph as the program "
+                             f"(the same params), got {type(tail).__name__}")
+        g, mine, theirs = main.graph, sorted(main.inputs), sorted(tail.inputs)
+        if len(mine) != len(theirs):
+            raise GraphError(f"{what}: the program reads {len(mine)} inputs and its tail {len(theirs)}")
+        rows = {g.shape_of(n)[0] if g.shape_of(n) else None for n in theirs}
+        self.rows = rows.pop() if len(rows) == 1 else None
+        for a, b in zip(mine, theirs):
+            sa, sb = g.shape_of(a), g.shape_of(b)
+            if not sa or not sb or sa[1:] != sb[1:] or self.rows is None or \
+                    (g.nodes.flags[a] & F_INDEX) != (g.nodes.flags[b] & F_INDEX):
+                raise GraphError(f"{what}: tail input {g.label(b)!r} {sb} does not pair with {g.label(a)!r} {sa}: "
+                                 "paired in the order they were made, they must differ only in the first axis, "
+                                 "equal across the tail's inputs")
+        if len(getattr(main, "outputs", ())) != len(getattr(tail, "outputs", ())):
+            raise GraphError(f"{what}: the program has {len(main.outputs)} outputs and its tail {len(tail.outputs)}")
+        self.main, self.program, self.pair = main, tail, {a: g.tensor(b) for a, b in zip(mine, theirs)}
+
+    def route(self, feeds: Dict[Any, Any]) -> Tuple[Any, Dict[Any, Any]]:
+        """(the program that takes ``feeds``, the feeds keyed for it): the tail when they
+        have its rows and not the main program's."""
+        first = np.shape(next(iter(feeds.values()))) if feeds else ()
+        main_rows = self.main.graph.shape_of(self.main.inputs[0])[0] if self.main.inputs else None
+        if not first or first[0] != self.rows or first[0] == main_rows:
+            return self.main, feeds
+        return self.program, {self.pair[self.main._resolve_feed_key(k)]: v for k, v in feeds.items()}
 
 
 def batches(data: Dict[Tensor, Any], batch_size: int, shuffle: bool = True,
@@ -108,7 +147,7 @@ class _Source:
     seed + epoch), or from an iterable of feed dicts (or of tuples, with ``inputs``)."""
 
     def __init__(self, data: Any, batch_size: Optional[int], shuffle: bool, seed: int, epochs: int,
-                 inputs: Optional[Sequence[Tensor]]) -> None:
+                 inputs: Optional[Sequence[Tensor]], tail: Optional[Tail] = None) -> None:
         self.arrays: Optional[Dict[Tensor, np.ndarray]] = None
         if isinstance(data, Mapping) and all(isinstance(k, Tensor) for k in data):
             self.arrays, n = data_arrays(dict(data), "train")
@@ -118,6 +157,8 @@ class _Source:
                     raise GraphError("train: give batch_size, or data keyed by input tensors with a batch axis")
                 batch_size = first.shape[0]
             check_batch_size(batch_size, n, "train")
+            if tail is not None and tail.rows != n % batch_size:
+                raise GraphError(f"train: tail takes {tail.rows} rows; the last partial batch has {n % batch_size}")
             self.n_rows, self.batch_size = n, batch_size
         elif isinstance(data, Mapping) or not hasattr(data, "__iter__"):
             raise GraphError("train: data must map input tensors to arrays, or be an iterable of feed dicts "
@@ -125,11 +166,12 @@ class _Source:
         elif epochs > 1 and iter(data) is data:
             raise GraphError("train: an iterator can be read once; for several epochs pass something iterable "
                              "again (a list, a DataLoader)")
-        self.data, self.shuffle, self.seed, self.inputs = data, shuffle, seed, inputs
+        self.data, self.shuffle, self.seed, self.inputs, self.tail = data, shuffle, seed, inputs, tail
 
     def epoch(self, k: int) -> Iterator[Dict[Any, Any]]:
         if self.arrays is not None:
-            for rows in batch_rows(self.n_rows, self.batch_size, self.shuffle, self.seed + k, "train"):
+            for rows in batch_rows(self.n_rows, self.batch_size, self.shuffle, self.seed + k, "train",
+                                   keep_last=self.tail is not None):
                 yield {t: a[rows] for t, a in self.arrays.items()}
             return
         for batch in self.data:
@@ -158,17 +200,24 @@ def _eval_program(bwd: BackwardGraph, program: Optional[ForwardGraph]) -> Forwar
     return build_forward(bwd.loss)
 
 
-def evaluate(program: ForwardGraph, data: Dict[Tensor, Any], batch_size: Optional[int] = None) -> Dict[str, float]:
-    """Each scalar output of ``program`` averaged over ``data``'s batches (in order; the last
-    partial batch is left out, a graph's shapes being fixed): {output name: value}."""
+def evaluate(program: ForwardGraph, data: Dict[Tensor, Any], batch_size: Optional[int] = None,
+             tail: Optional[ForwardGraph] = None) -> Dict[str, float]:
+    """Each scalar output of ``program`` averaged over ``data``'s batches, in order, weighted
+    by their rows: {output name: value}.  The last partial batch runs through ``tail`` (the
+    same model at that many rows: ``Tail``), or is left out -- a graph's shapes are fixed."""
     arrays, n = data_arrays(data, "evaluate")
     if batch_size is None:
         batch_size = min(next(iter(arrays)).shape[0], n)
+    router = Tail(program, tail, "evaluate") if tail is not None else None
+    if router is not None and router.rows != n % batch_size:
+        raise GraphError(f"evaluate: tail takes {router.rows} rows; the last partial batch has {n % batch_size}")
     sums = np.zeros(len(program.outputs))
     count = 0
-    for rows in batch_rows(n, batch_size, shuffle=False, what="evaluate"):
-        sums += [float(v) for v in program.run({t: a[rows] for t, a in arrays.items()})]
-        count += 1
+    for rows in batch_rows(n, batch_size, shuffle=False, what="evaluate", keep_last=router is not None):
+        runner, feeds = router.route({t: a[rows] for t, a in arrays.items()}) if router is not None else \
+            (program, {t: a[rows] for t, a in arrays.items()})
+        sums += [float(v) * len(rows) for v in runner.run(feeds)]
+        count += len(rows)
     return {(t.name or t.label): float(v / count) for t, v in zip(program.outputs, sums)}
 
 
@@ -187,7 +236,7 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
           eval_program: Optional[ForwardGraph] = None, eval_every: Optional[int] = None,
           callbacks: Sequence[Callable[[Dict[str, Any]], Any]] = (), checkpoint_every: Optional[int] = None,
           checkpoint: Union[None, str, "os.PathLike[str]"] = None,
-          resume: Union[None, str, "os.PathLike[str]"] = None) -> History:
+          resume: Union[None, str, "os.PathLike[str]"] = None, tail: Optional[BackwardGraph] = None) -> History:
     """Train for ``epochs`` passes over ``data`` and return the loss of every optimizer step.
 
     ``data``: {input tensor: array} (minibatches of ``batch_size`` rows, default the graph's
@@ -195,6 +244,11 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
     any iterable of feed dicts -- a list, a generator for one epoch, a torch DataLoader
     (dicts keyed by inputs or their names, or tuples with ``inputs=[x, y]``).  Micro-batch k
     runs with dropout seed ``seed + k``.
+
+    * ``tail``: the model at the last partial batch's rows (a BackwardGraph on the same params:
+      a jg.nn model called on smaller inputs, or ``Imported.with_batch``); that batch then
+      trains too, through it, as PyTorch's ``drop_last=False`` does (an iterable's batches
+      of its rows go to it as well).  Not with ``accumulate`` > 1;
 
     * ``lr``: a number, or a schedule -- any callable of the step (``jg.schedules``:
       warmup + cosine, linear or step decay) -- set on the optimizer before each step;
@@ -221,7 +275,10 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
         raise GraphError("train: checkpoint_every needs checkpoint=path (where to write)")
     if lr is not None:
         _learning_rate(lr, 0)
-    source = _Source(data, batch_size, shuffle, seed, epochs, inputs)
+    router = Tail(bwd, tail, "train") if tail is not None else None
+    if router is not None and accumulate > 1:
+        raise GraphError("train: tail with accumulate > 1: a step's gradients must come from one program")
+    source = _Source(data, batch_size, shuffle, seed, epochs, inputs, router)
     evaluation: Optional[Tuple[ForwardGraph, Dict[Tensor, Any]]] = None
     if eval_data is not None:
         data_arrays(eval_data, "train (eval_data)")
@@ -231,7 +288,8 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
     config = {"seed": seed, "accumulate": accumulate, "shuffle": shuffle, "batch_size": batch_size, "epochs": epochs}
     if resume is not None:
         pos, history = _load_checkpoint(resume, bwd, optimizer, config)
-    per_epoch = source.n_rows // source.batch_size if source.arrays is not None else None
+    per_epoch = None if source.arrays is None else \
+        -(-source.n_rows // source.batch_size) if router is not None else source.n_rows // source.batch_size
     bar = None
     running = history[-1] if history else None
 
@@ -277,7 +335,8 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
             for k, feeds in enumerate(source.epoch(epoch)):
                 if k < pos["in_epoch"]:
                     continue                      # resuming: these ran before the checkpoint
-                micro.append(float(bwd.run(feeds, accumulate=bool(micro), seed=seed + pos["micro"])))
+                runner, feeds = router.route(feeds) if router is not None else (bwd, feeds)
+                micro.append(float(runner.run(feeds, accumulate=bool(micro), seed=seed + pos["micro"])))
                 pos["micro"] += 1
                 pos["in_epoch"] = k + 1
                 if len(micro) == accumulate:

@@ -130,6 +130,57 @@ def test_a_tensor_of_five_long_axes_is_refused_by_name():
         jg.from_torch(WideAdd(), (torch.randn(32),))
 
 
+def test_another_batch_size_from_an_import_shares_its_params_and_buffers():
+    """[6/6] item 5: imp.with_batch(3) is the same ResNet on the same graph at batch 3 (the
+    same params; train-mode batch norm's running statistics one const both programs update),
+    and imp.with_inputs(...) a GPT at another sequence length: both give PyTorch's loss and
+    gradients.  A translation that fails adds nothing to the graph."""
+    torch.manual_seed(0)
+    model = M.ResNet().double()
+    imp = jg.from_torch(model, (torch.randn(4, 3, 16, 16, dtype=torch.float64),))
+    small = imp.with_batch(3)
+    assert small.graph is imp.graph and small.params is imp.params and small.buffers is imp.buffers
+    assert small.inputs[0].shape == (3, 3, 16, 16) and small.inputs[0].name == "x_2"
+    x3 = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    out = small.outputs[0]
+    got = float(jg.build_backward(jg.build_forward(jg.mean(out * out))).run({small.inputs[0]: x3.numpy()}))
+    want = (model(x3) ** 2).mean()
+    want.backward()
+    assert got == pytest.approx(want.item(), rel=1e-10)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(imp.params[name].grad, p.grad.numpy(), rtol=1e-9, atol=1e-13)
+    for name, b in model.named_buffers():
+        if "running" in name:
+            np.testing.assert_allclose(imp.buffers[name].value, b.numpy(), rtol=1e-10, atol=1e-15)
+
+    gpt = M.GPT(sdpa=True).double()
+    idx = torch.randint(0, 13, (2, 8))
+    imp = jg.from_torch(gpt, (idx,))
+    short = imp.with_inputs(idx[:, :5])
+    assert [t.shape for t in short.inputs] == [(2, 5)] and short.params is imp.params
+    logits = short.outputs[0]
+    assert logits.shape == (2, 5, 13)
+    got = jg.build_forward(logits).run({short.inputs[0]: idx[:, :5].numpy()})
+    np.testing.assert_allclose(got, gpt(idx[:, :5]).detach().numpy(), rtol=1e-10, atol=1e-12)
+
+    class ShapeBranch(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = tnn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return torch.cumsum(y, 0) if x.shape[0] == 1 else y     # no translation at batch 1
+
+    imp = jg.from_torch(ShapeBranch(), (torch.randn(2, 4),))
+    before = len(imp.graph)
+    with pytest.raises(jg.GraphError, match="aten.cumsum"):
+        imp.with_batch(1)
+    assert len(imp.graph) == before
+    with pytest.raises(jg.GraphError, match="n must be an int"):
+        imp.with_batch(0)
+
+
 def test_importing_jitgraph_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, jitgraph; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True)
@@ -163,39 +214,70 @@ class NNResNet(nn.Module):
         return self.fc(jg.mean(self.layers(jg.max_pool2d(self.stem(x), 2)), axis=(2, 3)))
 
 
+class NNAttention(nn.Module):
+    """M.SelfAttention with jitgraph.nn (its mask buffer kept for the state dict's sake)."""
+
+    def __init__(self, d, heads, T, causal):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.register_buffer("bias", np.tril(np.ones((T, T))).reshape(1, 1, T, T), on_graph=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        qkv = self.c_attn(x)
+        q, k, v = (jg.transpose(jg.reshape(jg.slice_axis(qkv, -1, i * C, (i + 1) * C), (B, T, self.heads, -1)),
+                                (0, 2, 1, 3)) for i in range(3))
+        return self.c_proj(jg.reshape(jg.transpose(jg.attention(q, k, v, causal=self.causal), (0, 2, 1, 3)), (B, T, C)))
+
+
+class NNTransformerBlock(nn.Module):
+    def __init__(self, d, heads, T, causal=True):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(d), NNAttention(d, heads, T, causal)
+        self.ln_2, self.fc, self.proj = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.gelu = nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.proj(self.gelu(self.fc(self.ln_2(x))))
+
+
 class NNGPT(nn.Module):
     def __init__(self, vocab=13, d=16, heads=2, T=8, layers=2):
         super().__init__()
-        self.heads = heads
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(T, d)
-        self.h = nn.ModuleList()
-        for _ in range(layers):
-            block = nn.Module()
-            block.ln_1, block.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            block.attn = nn.Module()
-            block.attn.c_attn, block.attn.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            block.attn.register_buffer("bias", np.tril(np.ones((T, T))).reshape(1, 1, T, T), on_graph=False)
-            block.fc, block.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-            self.h.append(block)
+        self.h = nn.ModuleList([NNTransformerBlock(d, heads, T) for _ in range(layers)])
         self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight                      # tied, PyTorch's way
-        self.gelu = nn.GELU(approximate="tanh")
 
     def forward(self, idx):
-        B, T = idx.shape
         x = self.wte(idx) + self.wpe.weight                          # positions 0..T-1: the whole table
-        for b in self.h:
-            C = x.shape[-1]
-            qkv = b.attn.c_attn(b.ln_1(x))
-            q, k, v = (jg.transpose(jg.reshape(jg.slice_axis(qkv, -1, i * C, (i + 1) * C), (B, T, self.heads, -1)),
-                                    (0, 2, 1, 3)) for i in range(3))
-            y = jg.reshape(jg.transpose(jg.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
-            x = x + b.attn.c_proj(y)
-            x = x + b.proj(self.gelu(b.fc(b.ln_2(x))))
+        for block in self.h:
+            x = block(x)
         return self.lm_head(self.ln_f(x))
 
 
-@pytest.mark.parametrize("which", ["resnet", "gpt"])
+class NNViT(nn.Module):
+    """M.ViT: patches by a strided convolution, a class token, learned positions, encoder."""
+
+    def __init__(self, d=16, classes=10, patch=4, image=8, layers=2):
+        super().__init__()
+        n = (image // patch) ** 2
+        self.patch = nn.Conv2d(3, d, patch, patch)
+        self.cls_token = nn.Parameter(np.zeros((1, 1, d)))
+        self.pos = nn.Parameter(np.zeros((1, n + 1, d)))
+        self.blocks = nn.Sequential(*[NNTransformerBlock(d, 2, n + 1, causal=False) for _ in range(layers)])
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, x):
+        B, d = x.shape[0], self.pos.shape[-1]
+        p = jg.transpose(jg.reshape(self.patch(x), (B, d, -1)), (0, 2, 1))
+        x = jg.concat([jg.broadcast_to(self.cls_token, (B, 1, d)), p], 1) + self.pos
+        return self.head(jg.reshape(jg.slice_axis(self.norm(self.blocks(x)), 1, 0, 1), (B, d)))
+
+
+@pytest.mark.parametrize("which", ["resnet", "gpt", "vit"])
 def test_the_same_models_built_with_jg_nn_load_torch_weights_and_agree(which, tmp_path):
     """[6/6]: the reference models written with jitgraph.nn (the same parameter names) load
     the torch model's safetensors file and give its loss and every gradient in float64."""
@@ -205,10 +287,14 @@ def test_the_same_models_built_with_jg_nn_load_torch_weights_and_agree(which, tm
         tm, jm = M.ResNet(), NNResNet()
         x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
         target, classes, feed_dtype = torch.randint(0, 10, (4,)), 10, None
-    else:
+    elif which == "gpt":
         tm, jm = M.GPT(sdpa=True), NNGPT()
         x = torch.randint(0, 13, (2, 8))
         target, classes, feed_dtype = torch.randint(0, 13, (16,)), 13, np.int64
+    else:
+        tm, jm = M.ViT(), NNViT()
+        x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+        target, classes, feed_dtype = torch.randint(0, 10, (2,)), 10, None
     tm = tm.double()
     save_model(tm, str(tmp_path / "w.safetensors"))       # a tied weight written once, under one of its names
     assert jm.load_state_dict(tmp_path / "w.safetensors") == ([], [])

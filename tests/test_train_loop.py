@@ -7,6 +7,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph import nn
+from jitgraph.train import batch_rows
 
 
 def setup(seed=0, dtype=np.float32, batch=8, dropout=0.1):
@@ -161,3 +162,71 @@ def test_any_iterable_of_feed_dicts_is_data():
         jg.train(bwd, jg.optim.SGD(model.parameters()), Loader(), progress=False)
     with pytest.raises(jg.GraphError, match="accumulate"):
         jg.train(bwd, jg.optim.SGD(model.parameters()), {x: X, y: Y}, accumulate=0)
+
+
+def tail_of(model, g, rows):
+    """The same model's training program at ``rows`` rows: its inputs made in the same order."""
+    xt, yt = g.input((rows, 4), name=f"x{rows}"), g.input((rows,), name=f"y{rows}", dtype=np.int64)
+    return jg.build_backward(jg.build_forward(jg.cross_entropy(model(xt), yt))), (xt, yt)
+
+
+def test_the_last_partial_batch_trains_through_a_tail():
+    """[6/6] another batch size from the same model: 61 rows in batches of 8 give 7 steps of 8
+    rows and one of 5 per epoch, the 5 through the tail program on the same params -- the
+    same losses and params, bit for bit, as the loop written by hand."""
+    model, g, bwd, _, (x, y, _, _), X, Y = setup(dropout=0.0)
+    tail, _ = tail_of(model, g, 5)
+    hist = jg.train(bwd, jg.optim.AdamW(model.parameters(), lr=0.01), {x: X[:61], y: Y[:61]}, epochs=2,
+                    batch_size=8, seed=3, progress=False, tail=tail)
+    assert len(hist) == 16
+    m2, g2, b2, _, (x2, y2, _, _), _, _ = setup(dropout=0.0)
+    t2, (xt, yt) = tail_of(m2, g2, 5)
+    opt, want = jg.optim.AdamW(m2.parameters(), lr=0.01), []
+    for epoch in range(2):
+        for rows in batch_rows(61, 8, True, 3 + epoch, keep_last=True):
+            prog, feeds = (b2, {x2: X[rows], y2: Y[rows]}) if len(rows) == 8 else (t2, {xt: X[rows], yt: Y[rows]})
+            want.append(float(prog.run(feeds)))
+            opt.step()
+    assert list(hist) == want
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(model), params_of(m2)))
+    # an iterable whose last batch is short (a DataLoader with drop_last=False) goes the same way
+    m3, g3, b3, _, (x3, y3, _, _), _, _ = setup(dropout=0.0)
+    t3, _ = tail_of(m3, g3, 5)
+    loader = [{"x": X[i:i + 8], "y": Y[i:i + 8]} for i in range(0, 61, 8)]
+    got = jg.train(b3, jg.optim.SGD(m3.parameters(), lr=0.1), loader, progress=False, tail=t3)
+    assert len(got) == 8 and all(np.isfinite(got))
+
+
+def test_a_tail_that_does_not_fit_is_refused_by_name():
+    model, g, bwd, evaluator, (x, y, _, _), X, Y = setup(dropout=0.0)
+    tail, _ = tail_of(model, g, 5)
+    opt = jg.optim.SGD(model.parameters())
+    with pytest.raises(jg.GraphError, match="tail takes 5 rows; the last partial batch has 4"):
+        jg.train(bwd, opt, {x: X[:60], y: Y[:60]}, batch_size=8, tail=tail)
+    with pytest.raises(jg.GraphError, match="accumulate > 1"):
+        jg.train(bwd, opt, {x: X[:61], y: Y[:61]}, batch_size=8, tail=tail, accumulate=2)
+    with pytest.raises(jg.GraphError, match="tail must be a BackwardGraph"):
+        jg.train(bwd, opt, {x: X[:61], y: Y[:61]}, batch_size=8, tail=evaluator)
+    odd = g.input((5, 3), name="odd")                   # pairs with x, but 3 features against 4
+    w = g.param(np.ones((3, 3), np.float32))
+    bad = jg.build_backward(jg.build_forward(jg.cross_entropy(odd @ w, g.input((5,), name="yodd", dtype=np.int64))))
+    with pytest.raises(jg.GraphError, match="does not pair"):
+        jg.train(bwd, opt, {x: X[:61], y: Y[:61]}, batch_size=8, tail=bad)
+
+
+def test_evaluation_at_any_size_with_a_tail():
+    """37 held-out rows in batches of 16: two batches and a tail of 5, averaged by rows --
+    the metrics of one program over all 37 rows."""
+    model, g, _, evaluator, (_, _, xe, ye), X, Y = setup(dropout=0.0)
+    model.eval()
+    programs = {}
+    for rows in (5, 37):
+        xr, yr = g.input((rows, 4), name=f"xe{rows}"), g.input((rows,), name=f"ye{rows}", dtype=np.int64)
+        logits = model(xr)
+        programs[rows] = jg.build_forward([jg.cross_entropy(logits, yr).named(f"loss{rows}"),
+                                           jg.mean(jg.equal(jg.argmax(logits, axis=-1), yr)).named(f"acc{rows}")])
+    got = jg.evaluate(evaluator, {xe: X[:37], ye: Y[:37]}, tail=programs[5])
+    whole = [float(v) for v in programs[37].run({"xe37": X[:37], "ye37": Y[:37]})]
+    assert got["loss"] == pytest.approx(whole[0], rel=1e-5) and got["accuracy"] == pytest.approx(whole[1], rel=1e-6)
+    without = jg.evaluate(evaluator, {xe: X[:37], ye: Y[:37]})           # the 5 left out, as before
+    assert without["loss"] != pytest.approx(whole[0], rel=1e-7)
