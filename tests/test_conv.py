@@ -10,6 +10,7 @@ import jitgraph as jg
 import jitgraph.registry  # noqa: F401 -- jg.registry
 from jitgraph.native import data_pointer
 from jitgraph.ops import conv as conv_module
+from jitgraph.ops.windows import col2im, im2col
 from jitgraph.ops.conv import TILE_SHAPES, _fma, conv2d_weight, lanes, pick_tile
 from jitgraph.simd import VECTOR_BYTES, WIDE_BYTES
 
@@ -420,3 +421,25 @@ def test_folded_padding_matches_direct_loops_and_finite_differences():
     result = jg.check_grads(lambda a, b: jg.sum(jg.tanh(jg.conv2d(a, b, padding=(1, 2), dilation=(1, 2)))),
                             [x, w])
     assert result.ok, result
+
+
+@pytest.mark.parametrize("size, stride, padding", [((32, 32), 2, 1), ((7, 9), 2, 0), ((8, 7), 3, 1), ((9, 9), 3, 2),
+                                                   ((5, 6), 2, 1), ((6, 11), (2, 3), (1, 2)), ((4, 4), 2, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_phase_split_and_its_adjoint_equal_the_definition(size, stride, padding, dtype):
+    """im2col whose kernel is its stride (a strided convolution's phases: windows.phases_kernel,
+    one padded input row at a time) and col2im back: exactly the windows of the definition and
+    their sum into the input (each element gets at most one value: 0 + it), on every thread count."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3) + size).astype(dtype)
+    g = jg.Graph(dtype)
+    xt = g.input(x.shape, name="x")
+    k = stride
+    cols = im2col(xt, k, stride, padding)
+    want = im2col_ref(x.astype(np.float64), k, stride, padding).astype(dtype)
+    r = rng.standard_normal(cols.shape).astype(dtype)
+    back = col2im(g.const(r), size, k, stride, padding)
+    prog = jg.build_forward([cols, back])
+    for got_cols, got_back in at_each_thread_count(lambda: prog.run({xt: x})).values():
+        assert np.array_equal(got_cols, want)
+        assert np.array_equal(got_back, col2im_ref(r, size, k, stride, padding).astype(dtype))
