@@ -443,3 +443,49 @@ def test_the_phase_split_and_its_adjoint_equal_the_definition(size, stride, padd
     for got_cols, got_back in at_each_thread_count(lambda: prog.run({xt: x})).values():
         assert np.array_equal(got_cols, want)
         assert np.array_equal(got_back, col2im_ref(r, size, k, stride, padding).astype(dtype))
+
+
+def _first_max_positions(x, k, s, p):
+    """Each window's first maximal element (row-major; a NaN wins), as the plane position."""
+    N, C, H, W = x.shape
+    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    at = np.zeros((N, C, OH, OW), np.int64)
+    for n, c, oh, ow in np.ndindex(N, C, OH, OW):
+        best, pos = None, -1
+        for i in range(k):
+            for j in range(k):
+                h, w = oh * s - p + i, ow * s - p + j
+                if 0 <= h < H and 0 <= w < W:
+                    v = x[n, c, h, w]
+                    if pos < 0 or v > best or (np.isnan(v) and not np.isnan(best)):
+                        best, pos = v, h * W + w
+        at[n, c, oh, ow] = pos
+    return at
+
+
+@pytest.mark.parametrize("k, s, p", [(2, 2, 0), (3, 2, 1), (2, 1, 1), (3, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_picks_the_first_maximum_with_ties_infinities_and_nans(k, s, p, dtype):
+    """max_pool2d and its gradient (pool.py: a row of windows searched tap by tap) pick each
+    window's first maximal element, a NaN first, and add the gradient there in window order --
+    as the window-by-window definition does, bit for bit."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-3, 3, (2, 3, 9, 8)).astype(dtype)          # many ties
+    x[0, 0, 1:3, 2:5] = -np.inf
+    x[1, 2, 4, 4] = np.nan
+    x[1, 1, :, :] = -np.inf                                      # a plane of -inf: the first of each window
+    g = jg.Graph(dtype)
+    xt = g.param(x, name="x")
+    y = jg.max_pool2d(xt, k, s, p)
+    r = rng.standard_normal(y.shape).astype(dtype)
+    bwd = jg.build_backward(jg.build_forward(jg.sum(y * g.const(r))))
+    bwd.run()
+    at = _first_max_positions(x, k, s, p)
+    planes = x.reshape(6, -1)
+    want = np.take_along_axis(planes, at.reshape(6, -1), 1).reshape(y.shape)
+    assert np.array_equal(jg.build_forward(y).run(), want, equal_nan=True)
+    grad = np.zeros_like(planes)
+    for q, (pos, v) in enumerate(zip(at.reshape(6, -1), r.reshape(6, -1))):
+        for a, b in zip(pos, v):                                  # in window order, in the dtype
+            grad[q, a] += b
+    assert np.array_equal(xt.grad, grad.reshape(x.shape))

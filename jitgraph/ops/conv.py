@@ -43,7 +43,7 @@ import numbers
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64 as U
 
 from enum import IntEnum
 
@@ -266,11 +266,10 @@ def _pad_image(scratch, x, img, C, H, W, ph, pw):
     W + 2 pw), whose borders are zero and stay so: only the interior is written."""
     Wp = W + 2 * pw
     for c in range(C):
-        for h in range(H):
-            dst = scratch[(c * (H + 2 * ph) + h + ph) * Wp + pw:]
-            src = x[((img * C + c) * H + h) * W:((img * C + c) * H + h + 1) * W]
-            for q in range(W):
-                dst[q] = src[q]
+        for h in range(H):         # unsigned indices: no wraparound test, no slice per row (windows.py)
+            dst, src = U((c * (H + 2 * ph) + h + ph) * Wp + pw), U(((img * C + c) * H + h) * W)
+            for q in range(U(W)):
+                scratch[dst + q] = x[src + q]
 
 
 @njit(cache=True, error_model="numpy")

@@ -19,7 +19,7 @@ from enum import IntEnum
 from typing import Sequence, Tuple, Union
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64 as U
 
 from ..errors import GraphError
 from ..graph import Tensor
@@ -107,18 +107,24 @@ def avg_pool2d_d(g: Tensor, size: Pair, kernel_size: Pair, stride: Union[None, P
 
 
 @njit(cache=True, error_model="numpy")
-def _first_max(key, h0, w0, i0, i1, j0, j1, W):
-    """The flat position of the first maximal key (row-major) of a window; a NaN wins."""
-    at = (h0 + i0) * W + w0 + j0
-    best = key[at]
+def _first_max_row(key, base, h0, i0, i1, kw, sw, pw, W, OW, best, at):
+    """For a row of windows (top row h0, taps i0..i1-1 down): ``at[ow]``, the plane position of
+    the first maximal key (row-major) of window ow (a NaN wins), and ``best[ow]`` its key.
+    Tap by tap across the row, so the loops vectorize; taps in the window-by-window search's
+    order (i, then j), keeping a maximum only when a later one is greater: the same pick."""
+    for t in range(U(OW)):
+        at[t] = -1
     for i in range(i0, i1):
-        r = (h0 + i) * W + w0
-        for j in range(j0, j1):
-            k = key[r + j]
-            if (k > best) | ((k != k) & (best == best)):
-                best = k
-                at = r + j
-    return at
+        for j in range(kw):
+            c0, c1 = valid_columns(OW, W, sw, j - pw)
+            pos0 = (h0 + i) * W + c0 * sw + j - pw           # the plane position of window c0's tap
+            first, step = U(base + pos0), U(sw)
+            for q in range(U(c1 - c0)):                      # unsigned: no wraparound test (windows.py)
+                t = U(c0) + q
+                k, b = key[first + step * q], best[t]
+                take = (at[t] < 0) | (k > b) | ((k != k) & (b == b))
+                best[t] = k if take else b
+                at[t] = pos0 + sw * np.int64(q) if take else at[t]
 
 
 @njit(cache=True, error_model="numpy")
@@ -132,6 +138,7 @@ def pool_kernel(mode, out, a, keys, same, H, W, OH, OW, p, lo, hi):
     ph, pw = p[PoolIP.pad_h], p[PoolIP.pad_w]
     inv = 1.0 / (kh * kw)
     back = mode == MAX_D or mode == AVG_D
+    best, where = np.empty(OW, keys.dtype), np.empty(OW, np.int64)     # a row of windows' maxima (_first_max_row)
     for u in range(lo, hi):
         img = out[u * H * W:(u + 1) * H * W] if back else out[u * OH * OW:(u + 1) * OH * OW]
         src = a[u * OH * OW:(u + 1) * OH * OW] if back else a[u * H * W:(u + 1) * H * W]
@@ -143,13 +150,12 @@ def pool_kernel(mode, out, a, keys, same, H, W, OH, OW, p, lo, hi):
             h0 = oh * sh - ph
             i0, i1 = max(0, -h0), min(kh, H - h0)
             if mode == MAX_D or (mode == MAX and not same):
-                for ow in range(OW):
-                    w0 = ow * sw - pw
-                    at = _first_max(key, h0, w0, i0, i1, max(0, -w0), min(kw, W - w0), W)
+                _first_max_row(keys, u * H * W, h0, i0, i1, kw, sw, pw, W, OW, best, where)
+                for ow in range(OW):       # in window order: a plane's gradient sums in one fixed order
                     if mode == MAX:
-                        img[oh * OW + ow] = src[at]
+                        img[oh * OW + ow] = src[U(where[ow])]
                     else:
-                        img[at] += src[oh * OW + ow]
+                        img[U(where[ow])] += src[oh * OW + ow]
                 continue
             orow = img[oh * OW:(oh + 1) * OW] if not back else src[oh * OW:(oh + 1) * OW]
             if mode != AVG_D:
