@@ -5,7 +5,7 @@ import numbers
 from enum import IntEnum
 from typing import Optional, Sequence, Union
 
-from numba import njit
+from numba import njit, uint64 as U
 
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
@@ -115,18 +115,18 @@ def transpose_kernel(out, x, sx, perm, lo, hi):
     n1 = sx[perm[1]]
     n2 = sx[perm[2]]
     n3 = sx[perm[3]]
+    step = U(s3)
     for r in range(lo, hi):
         i2 = r % n2
         q = r // n2
-        base = (q // n1) * s0 + (q % n1) * s1 + i2 * s2
-        y = out[r * n3:(r + 1) * n3]           # slices from 0 (see binary._run)
+        base = U((q // n1) * s0 + (q % n1) * s1 + i2 * s2)
+        y = U(r * n3)              # unsigned indices: no wraparound test, no slice per row (ops/windows.py)
         if s3 == 1:
-            xs = x[base:base + n3]
-            for i3 in range(n3):
-                y[i3] = xs[i3]
+            for i3 in range(U(n3)):
+                out[y + i3] = x[base + i3]
         else:
-            for i3 in range(n3):
-                y[i3] = x[base + i3 * s3]
+            for i3 in range(U(n3)):
+                out[y + i3] = x[base + step * i3]
     return OK
 
 
@@ -191,12 +191,9 @@ def outer_inner(s, axis):
 def block_copy(dst, dst_stride, dst_off, src, src_stride, src_off, outer, run):
     """dst[o*dst_stride + dst_off + j] = src[o*src_stride + src_off + j]."""
     for o in range(outer):
-        d = o * dst_stride + dst_off
-        s = o * src_stride + src_off
-        y = dst[d:d + run]
-        xs = src[s:s + run]
-        for j in range(run):
-            y[j] = xs[j]
+        d, s = U(o * dst_stride + dst_off), U(o * src_stride + src_off)     # unsigned: as transpose_kernel
+        for j in range(U(run)):
+            dst[d + j] = src[s + j]
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
