@@ -18,7 +18,7 @@ from ..registry import ADD, AFFINE, DIV, ELEMENTWISE, MUL, SUB, WHERE, defop, ex
 from ..rules import either, op
 from ..status import OK
 from ..vmath import in_dtype_of
-from .common import as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
+from .common import KEEP_BLOCK, as_tensor, broadcast_shapes, graph_of, is_scalar, need_tensor
 
 
 class AffineFP(IntEnum):
@@ -55,7 +55,33 @@ def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
-def _run(f, out, o, a, ia, sa, b, ib, sb, m):
+def _kept(f, y, xa, xb, c, which):
+    """In place for an f that returns an argument on some branch (maximum: a or b): through a
+    block in cache, stored whole, not LLVM's masked stores (see unary._map).  which: 0
+    f(xa, xb), 1 f(xa, c), 2 f(c, xb); y is xa or xb."""
+    m = y.size
+    block = np.empty(min(KEEP_BLOCK, m), y.dtype)
+    for s in range(0, m, KEEP_BLOCK):
+        e = min(s + KEEP_BLOCK, m)
+        part = y[s:e]
+        if which == 0:
+            pa, pb = xa[s:e], xb[s:e]
+            for j in range(e - s):
+                block[j] = f(pa[j], pb[j])
+        elif which == 1:
+            pa = xa[s:e]
+            for j in range(e - s):
+                block[j] = f(pa[j], c)
+        else:
+            pb = xb[s:e]
+            for j in range(e - s):
+                block[j] = f(c, pb[j])
+        for j in range(e - s):
+            part[j] = block[j]
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
+def _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps=False):
     """out[o+j] = f(a[ia+j*sa], b[ib+j*sb]) for j < m (f: an op's element function);
     strides are 0 (broadcast) or 1.  Each case is its own loop over slices indexed from 0 (an index LLVM cannot prove
     non-negative keeps Numba's wraparound test and stops vectorization), and running in
@@ -64,7 +90,9 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m):
     if sa == 1 and sb == 1:
         xa = a[ia:ia + m]
         xb = b[ib:ib + m]
-        if same_data(y, xa):
+        if keeps and m > 0 and (same_data(y, xa) or same_data(y, xb)):
+            _kept(f, y, xa, xb, xa[0], 0)
+        elif same_data(y, xa):
             for j in range(m):
                 y[j] = f(y[j], xb[j])
         elif same_data(y, xb):
@@ -76,7 +104,9 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m):
     elif sa == 1:
         xa = a[ia:ia + m]
         c = b[ib]
-        if same_data(y, xa):
+        if keeps and same_data(y, xa):
+            _kept(f, y, xa, xa, c, 1)
+        elif same_data(y, xa):
             for j in range(m):
                 y[j] = f(y[j], c)
         else:
@@ -85,7 +115,9 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m):
     elif sb == 1:
         xb = b[ib:ib + m]
         c = a[ia]
-        if same_data(y, xb):
+        if keeps and same_data(y, xb):
+            _kept(f, y, xb, xb, c, 2)
+        elif same_data(y, xb):
             for j in range(m):
                 y[j] = f(c, y[j])
         else:
@@ -119,7 +151,7 @@ def row_offset(shape, n, r, s0, s1, s2):
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def binary(v, n, f, lo, hi):
+def binary(v, n, f, lo, hi, keeps=False):
     """Run node n over elements [lo, hi): f(a, b) with broadcasting, f an op's element
     function (njit, inlined: each op compiles its own loops, with its own math only)."""
     out = output(v, n)
@@ -145,16 +177,16 @@ def binary(v, n, f, lo, hi):
             sa, sb = a3, b3
             ia = row_offset(shape, n, r, a0, a1, a2) + j0 * a3
             ib = row_offset(shape, n, r, b0, b1, b2) + j0 * b3
-        _run(f, out, o, a, ia, sa, b, ib, sb, m)
+        _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps)
     return OK
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see binary)
-def binary_chunk(v, n, f, m):
+def binary_chunk(v, n, f, m, keeps=False):
     """A group's chunk of node n (ops/group.py): f over the m elements at the chunk's
     addresses, its operands already broadcast.  An op's chunk runner, compiled only for
     programs that fuse it."""
-    _run(f, chunk_operand(v, 0, m), 0, chunk_operand(v, 1, m), 0, 1, chunk_operand(v, 2, m), 0, 1, m)
+    _run(f, chunk_operand(v, 0, m), 0, chunk_operand(v, 1, m), 0, 1, chunk_operand(v, 2, m), 0, 1, m, keeps)
     return OK                                 # _run: one array when the group writes over a dying input
 
 

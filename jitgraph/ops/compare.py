@@ -30,11 +30,11 @@ def _maximum(x, y):
 
 
 def _run_maximum(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, _maximum, lo, hi)
+    return binary(run_view(ctx, mem, store), n, _maximum, lo, hi, True)     # keeps an input (unary._map)
 
 
 def _chunk_maximum(n, lo, hi, ctx, mem, store):
-    return binary_chunk(run_view(ctx, mem, store), n, _maximum, hi)
+    return binary_chunk(run_view(ctx, mem, store), n, _maximum, hi, True)
 
 
 defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE, chunk=_chunk_maximum,
@@ -53,11 +53,11 @@ def _minimum(x, y):
 
 
 def _run_minimum(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, _minimum, lo, hi)
+    return binary(run_view(ctx, mem, store), n, _minimum, lo, hi, True)     # keeps an input (unary._map)
 
 
 def _chunk_minimum(n, lo, hi, ctx, mem, store):
-    return binary_chunk(run_view(ctx, mem, store), n, _minimum, hi)
+    return binary_chunk(run_view(ctx, mem, store), n, _minimum, hi, True)
 
 
 defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE, chunk=_chunk_minimum,

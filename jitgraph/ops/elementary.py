@@ -128,11 +128,11 @@ def _clip(a, p0, p1):
 
 
 def _run_clip(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, _clip, lo, hi)
+    return unary(run_view(ctx, mem, store), n, _clip, lo, hi, True)     # keeps its input (unary._map)
 
 
 def _chunk_clip(n, lo, hi, ctx, mem, store):
-    return unary_chunk(run_view(ctx, mem, store), n, _clip, hi)
+    return unary_chunk(run_view(ctx, mem, store), n, _clip, hi, True)
 
 
 defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, chunk=_chunk_clip, flops=2, fp=ClipFP,
