@@ -45,7 +45,7 @@ from enum import IntEnum
 from typing import Optional
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64 as U
 
 from ..errors import GraphError
 from ..graph import Tensor
@@ -185,29 +185,23 @@ def _online(St, rows, kb, q0, k0, causal, m, l, corr, mx):
     ninf = in_dtype_of(St, -np.inf)
     for r in range(rows):
         mx[r] = m[r]
-    for i in range(kb):
-        r0 = _first_seen(causal, k0 + i, q0, rows)
-        s = St[i * rows + r0:(i + 1) * rows]
-        y = mx[r0:rows]
-        for j in range(rows - r0):
-            y[j] = max(y[j], s[j])
+    for i in range(kb):                  # unsigned indices: no slice per key row (ops/windows.py)
+        r0, at = U(_first_seen(causal, k0 + i, q0, rows)), U(i * rows)
+        for j in range(r0, U(rows)):
+            mx[j] = max(mx[j], St[at + j])
     for r in range(rows):
         c = zero if m[r] == ninf else vmath.exp_nonpositive(m[r] - mx[r])
         corr[r] = c
         l[r] *= c
         m[r] = mx[r]
     for i in range(kb):
-        r0 = _first_seen(causal, k0 + i, q0, rows)
-        s = St[i * rows:(i + 1) * rows]
+        r0, at = U(_first_seen(causal, k0 + i, q0, rows)), U(i * rows)
         for j in range(r0):
-            s[j] = zero
-        s = s[r0:rows]
-        y = m[r0:rows]
-        z = l[r0:rows]
-        for j in range(rows - r0):
-            e = vmath.exp_nonpositive(s[j] - y[j])
-            s[j] = e
-            z[j] += e
+            St[at + j] = zero
+        for j in range(r0, U(rows)):
+            e = vmath.exp_nonpositive(St[at + j] - m[j])
+            St[at + j] = e
+            l[j] += e
     return OK
 
 
@@ -215,15 +209,12 @@ def _online(St, rows, kb, q0, k0, causal, m, l, corr, mx):
 def _probabilities(St, rows, kb, q0, k0, causal, lse):
     """St (kb x rows) of scores -> exp(s - lse[r]), 0 where masked."""
     zero = in_dtype_of(St, 0.0)
-    for i in range(kb):
-        r0 = _first_seen(causal, k0 + i, q0, rows)
-        s = St[i * rows:(i + 1) * rows]
+    for i in range(kb):                  # unsigned indices, as in _online
+        r0, at = U(_first_seen(causal, k0 + i, q0, rows)), U(i * rows)
         for j in range(r0):
-            s[j] = zero
-        s = s[r0:rows]
-        y = lse[r0:rows]
-        for j in range(rows - r0):
-            s[j] = vmath.exp_nonpositive(s[j] - y[j])
+            St[at + j] = zero
+        for j in range(r0, U(rows)):
+            St[at + j] = vmath.exp_nonpositive(St[at + j] - lse[j])
     return OK
 
 
@@ -406,10 +397,9 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, Hn, scale, causal, BR, KB, l
                 _mm(fn, kind, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * rs:], rs)     # dV += P^T dO
                 _mm(fn, kind, 0, 1, kb, rows, d, 1.0, Vh[k0 * rs:], rs, dO, d, 0.0, dPt, rows)    # dP^T = V dO^T
                 for i in range(kb):                                                           # dS = P (dP - D)
-                    p = St[i * rows:(i + 1) * rows]
-                    x = dPt[i * rows:(i + 1) * rows]
-                    for r in range(rows):
-                        x[r] = p[r] * (x[r] - corr[r])
+                    at = U(i * rows)
+                    for r in range(U(rows)):
+                        dPt[at + r] = St[at + r] * (dPt[at + r] - corr[r])
                 # dQ += scale dS K, dK += scale dS^T Q
                 _mm(fn, kind, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * rs:], rs, 1.0, dq[q0 * rs:], rs)
                 _mm(fn, kind, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * rs:], rs, 1.0, dk[k0 * rs:], rs)
