@@ -89,7 +89,14 @@ class Tail:
         main_rows = self.main.graph.shape_of(self.main.inputs[0])[0] if self.main.inputs else None
         if not first or first[0] != self.rows or first[0] == main_rows:
             return self.main, feeds
-        return self.program, {self.pair[self.main._resolve_feed_key(k)]: v for k, v in feeds.items()}
+        keyed = {}
+        for k, v in feeds.items():
+            n = self.main._resolve_feed_key(k)
+            if n not in self.pair:
+                raise GraphError(f"a batch of {self.rows} rows for the tail feeds {self.main.graph.label(n)!r}, "
+                                 "which the training program does not read")
+            keyed[self.pair[n]] = v
+        return self.program, keyed
 
 
 def batches(data: Dict[Tensor, Any], batch_size: int, shuffle: bool = True,

@@ -192,9 +192,15 @@ def test_the_last_partial_batch_trains_through_a_tail():
     # an iterable whose last batch is short (a DataLoader with drop_last=False) goes the same way
     m3, g3, b3, _, (x3, y3, _, _), _, _ = setup(dropout=0.0)
     t3, _ = tail_of(m3, g3, 5)
-    loader = [{"x": X[i:i + 8], "y": Y[i:i + 8]} for i in range(0, 61, 8)]
+    loader = [{"x": X[:61][i:i + 8], "y": Y[:61][i:i + 8]} for i in range(0, 61, 8)]
+    assert len(loader[-1]["x"]) == 5
     got = jg.train(b3, jg.optim.SGD(m3.parameters(), lr=0.1), loader, progress=False, tail=t3)
     assert len(got) == 8 and all(np.isfinite(got))
+    with pytest.raises(jg.GraphError, match="shape"):        # without the tail the short batch does not fit
+        jg.train(b3, jg.optim.SGD(m3.parameters(), lr=0.1), loader, progress=False)
+    stray = loader[:-1] + [dict(loader[-1], xe=X[:5])]     # the short batch feeds an input neither program reads
+    with pytest.raises(jg.GraphError, match="tail feeds 'xe'"):
+        jg.train(b3, jg.optim.SGD(m3.parameters(), lr=0.1), stray, progress=False, tail=t3)
 
 
 def test_a_tail_that_does_not_fit_is_refused_by_name():
