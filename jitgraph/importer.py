@@ -64,7 +64,7 @@ class Imported:
         partial batch (``jg.train(..., tail=...)``) or evaluation at another size."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise GraphError(f"with_batch: n must be an int >= 1, got {n!r}")
-        for t, ex in zip(self.inputs, self.example_inputs):
+        for t in self.inputs:
             if not t.shape:
                 raise GraphError(f"with_batch: input {t.label!r} has no batch axis; use with_inputs(...)")
         rows = np.arange(int(n)) % np.array([ex.shape[0] for ex in self.example_inputs])[:, None]

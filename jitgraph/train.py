@@ -81,13 +81,18 @@ class Tail:
         if len(getattr(main, "outputs", ())) != len(getattr(tail, "outputs", ())):
             raise GraphError(f"{what}: the program has {len(main.outputs)} outputs and its tail {len(tail.outputs)}")
         self.main, self.program, self.pair = main, tail, {a: g.tensor(b) for a, b in zip(mine, theirs)}
+        self.main_rows = g.shape_of(mine[0])[0] if mine else None
+
+    def check_last(self, n_rows: int, batch_size: int, what: str) -> None:
+        """GraphError unless the tail takes the rows batches of ``batch_size`` leave over."""
+        if self.rows != n_rows % batch_size:
+            raise GraphError(f"{what}: tail takes {self.rows} rows; the last partial batch has {n_rows % batch_size}")
 
     def route(self, feeds: Dict[Any, Any]) -> Tuple[Any, Dict[Any, Any]]:
         """(the program that takes ``feeds``, the feeds keyed for it): the tail when they
         have its rows and not the main program's."""
         first = np.shape(next(iter(feeds.values()))) if feeds else ()
-        main_rows = self.main.graph.shape_of(self.main.inputs[0])[0] if self.main.inputs else None
-        if not first or first[0] != self.rows or first[0] == main_rows:
+        if not first or first[0] != self.rows or first[0] == self.main_rows:
             return self.main, feeds
         keyed = {}
         for k, v in feeds.items():
@@ -164,8 +169,8 @@ class _Source:
                     raise GraphError("train: give batch_size, or data keyed by input tensors with a batch axis")
                 batch_size = first.shape[0]
             check_batch_size(batch_size, n, "train")
-            if tail is not None and tail.rows != n % batch_size:
-                raise GraphError(f"train: tail takes {tail.rows} rows; the last partial batch has {n % batch_size}")
+            if tail is not None:
+                tail.check_last(n, batch_size, "train")
             self.n_rows, self.batch_size = n, batch_size
         elif isinstance(data, Mapping) or not hasattr(data, "__iter__"):
             raise GraphError("train: data must map input tensors to arrays, or be an iterable of feed dicts "
@@ -216,13 +221,13 @@ def evaluate(program: ForwardGraph, data: Dict[Tensor, Any], batch_size: Optiona
     if batch_size is None:
         batch_size = min(next(iter(arrays)).shape[0], n)
     router = Tail(program, tail, "evaluate") if tail is not None else None
-    if router is not None and router.rows != n % batch_size:
-        raise GraphError(f"evaluate: tail takes {router.rows} rows; the last partial batch has {n % batch_size}")
+    if router is not None:
+        router.check_last(n, batch_size, "evaluate")
     sums = np.zeros(len(program.outputs))
     count = 0
     for rows in batch_rows(n, batch_size, shuffle=False, what="evaluate", keep_last=router is not None):
-        runner, feeds = router.route({t: a[rows] for t, a in arrays.items()}) if router is not None else \
-            (program, {t: a[rows] for t, a in arrays.items()})
+        feeds = {t: a[rows] for t, a in arrays.items()}
+        runner, feeds = router.route(feeds) if router is not None else (program, feeds)
         sums += [float(v) * len(rows) for v in runner.run(feeds)]
         count += len(rows)
     return {(t.name or t.label): float(v / count) for t, v in zip(program.outputs, sums)}

@@ -142,7 +142,6 @@ def pool_kernel(mode, out, a, keys, same, H, W, OH, OW, p, lo, hi):
     for u in range(lo, hi):
         img = out[u * H * W:(u + 1) * H * W] if back else out[u * OH * OW:(u + 1) * OH * OW]
         src = a[u * OH * OW:(u + 1) * OH * OW] if back else a[u * H * W:(u + 1) * H * W]
-        key = keys[u * H * W:(u + 1) * H * W]
         if back:
             for t in range(H * W):
                 img[t] = 0.0
