@@ -10,6 +10,11 @@ when its last one does, so a source whose group's inputs would otherwise die ear
 joins only if those inputs are no bigger than what it saves (its own buffer): fusion
 never trades a smaller tensor for bigger ones held longer.
 
+A convolution (an op declared ``epilogue=True``) read by one fusable node and not kept
+joins that node's group too, as its *producer*: the group becomes an EPILOGUE node
+that runs the convolution image by image and its other members over each image's
+output while it is in cache (ops/group.py).  A group has at most one producer.
+
 The result is the program's own copy of the node table's op, src and ip columns,
 in which each group's last member has become a GROUP node (its sources the group's
 external inputs, ``ip[GroupIP.code]`` where its code starts in one int64 array), and
@@ -25,7 +30,7 @@ from .errors import GraphError
 from .ir import F_LEAF, MAX_SRC, Nodes, numel
 from .ops.group import EXTERNAL, MEMBER_WORDS, GroupIP
 from .plan import plan_memory
-from .registry import GROUP, table
+from .registry import EPILOGUE, GROUP, table
 
 MAX_MEMBERS = 16           # a group's scratch: a chunk per member
 # fuse="auto" fuses where it pays: a fusable node of FUSE_MIN_ELEMENTS elements (256 KiB of
@@ -38,7 +43,7 @@ FUSE_MIN_NODES = 1024
 # and, below FUSE_MIN_NODES, only groups of FUSE_MIN_MEMBERS or more: measured on an AMD EPYC Zen 5
 # (perf/RESULTS.md), a two-member group runs at 1.00-1.04x its members alone (they write in place,
 # the group's traffic saving is small), three or more members at 0.91-0.97x
-FUSE_MIN_MEMBERS = 3
+FUSE_MIN_MEMBERS = 3       # (an epilogue of two members is kept: it saves its activation's pass)
 
 
 @njit(cache=True)
@@ -59,10 +64,11 @@ def _holds(here, count, x):
 
 
 @njit(cache=True)
-def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
+def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, epilogue, max_members):
     """The groups of ``order``: each group's member list (``head`` to its last member through
-    ``nxt``, in execution order), its size ``count`` and external inputs ``ext`` (``n_ext``
-    of them), all indexed by its last member; ``absorbed`` marks the other members."""
+    ``nxt``, in execution order), its size ``count``, external inputs ``ext`` (``n_ext``
+    of them) and ``producer`` (an epilogue's, or -1), all indexed by its last member;
+    ``absorbed`` marks the other members."""
     m = order.size
     readers = np.zeros(n_nodes, np.int64)           # distinct nodes that read each node
     last = np.full(n_nodes, -1, np.int64)           # and the position of the last
@@ -83,20 +89,27 @@ def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
     ext = np.full((n_nodes, MAX_SRC), -1, np.int64)
     n_ext = np.zeros(n_nodes, np.int64)
     absorbed = np.zeros(n_nodes, np.uint8)
+    producer = np.full(n_nodes, -1, np.int64)
     here = np.empty(4 * MAX_SRC, np.int64)         # the node's external inputs so far
     for t in range(m):
         c = order[t]
+        if epilogue[op[c]]:                         # a group of one that an elementwise reader may join
+            head[c], tail[c], count[c], producer[c] = c, c, 1, c
+            for k in range(MAX_SRC):
+                if src[c, k] >= 0 and not _read_before(src, c, k):
+                    ext[c, n_ext[c]] = src[c, k]
+                    n_ext[c] += 1
         if not fusable[op[c]]:
             continue
-        h, tl, members, n_here = -1, -1, 1, 0      # the absorbed members' list, without c
+        h, tl, members, n_here, made_by = -1, -1, 1, 0, -1     # the absorbed members' list, without c
         for k in range(MAX_SRC):
             s = src[c, k]
             if s < 0:
                 break
             if _read_before(src, c, k):
                 continue
-            ok = (fusable[op[s]] != 0 and head[s] >= 0 and readers[s] == 1 and keep[s] == 0
-                  and members + count[s] <= max_members)
+            ok = ((fusable[op[s]] != 0 or epilogue[op[s]] != 0) and head[s] >= 0 and readers[s] == 1
+                  and keep[s] == 0 and members + count[s] <= max_members and (made_by < 0 or producer[s] < 0))
             for d in range(4):
                 ok = ok and shape[s, d] == shape[c, d]
             if ok and pos[s] < t - 1:               # inputs held past other steps: at most the buffer it saves
@@ -124,6 +137,8 @@ def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
                     here[n_here] = x
                     n_here += 1
                 last[x] = max(last[x], t)           # now read here
+            if producer[s] >= 0:
+                made_by = producer[s]
             if h < 0:
                 h = head[s]
             else:
@@ -138,18 +153,18 @@ def _groups(op, src, shape, flags, n_nodes, order, keep, fusable, max_members):
             h = c
         else:
             nxt[tl] = c
-        head[c], tail[c], count[c] = h, c, members
+        head[c], tail[c], count[c], producer[c] = h, c, members, made_by
         n_ext[c] = n_here
         for j in range(n_here):
             ext[c, j] = here[j]
-    return head, nxt, count, ext, n_ext, absorbed
+    return head, nxt, count, ext, n_ext, producer, absorbed
 
 
 @njit(cache=True)
-def _drop_small(order, head, nxt, count, absorbed, min_members):
-    """Dissolve the groups of fewer than ``min_members``: their members run alone."""
+def _drop_small(order, head, nxt, count, producer, absorbed, min_members):
+    """Dissolve the groups of fewer than ``min_members`` but epilogues: their members run alone."""
     for n in order:
-        if absorbed[n] == 0 and 2 <= count[n] < min_members:
+        if absorbed[n] == 0 and 2 <= count[n] < min_members and producer[n] < 0:
             x = head[n]
             while x >= 0:
                 y = nxt[x]
@@ -158,7 +173,7 @@ def _drop_small(order, head, nxt, count, absorbed, min_members):
 
 
 @njit(cache=True)
-def _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed):
+def _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, producer, absorbed):
     """Rewrite the copies op, src, ip for the groups; returns (order, code, root of each node)."""
     n_nodes = op.size
     root = np.full(n_nodes, -1, np.int64)
@@ -193,13 +208,20 @@ def _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed):
                                 ref = e
                 code[w + 2 + q] = ref
             x, j = nxt[x], j + 1
-        op[r] = GROUP
+        op[r] = GROUP if producer[r] < 0 else EPILOGUE
         for k in range(MAX_SRC):
             src[r, k] = ext[r, k]
         ip[r, :] = 0
         ip[r, GroupIP.code] = at
+        if producer[r] >= 0:
+            ip[r, GroupIP.producer] = place[producer[r]]
         at += 1 + MEMBER_WORDS * count[r]
     return order[kept], code, root
+
+
+def is_group(ops: np.ndarray) -> np.ndarray:
+    """Which of these opcodes run a group's members (a group or an epilogue)."""
+    return (ops == GROUP) | (ops == EPILOGUE)
 
 
 class Fused(NamedTuple):
@@ -215,17 +237,18 @@ def fuse_order(G: Nodes, n_nodes: int, order: np.ndarray, keep: np.ndarray, min_
     ``min_members`` or more."""
     keep_mask = np.zeros(n_nodes, np.uint8)
     keep_mask[np.asarray(keep, np.int64)] = 1
-    head, nxt, count, ext, n_ext, absorbed = _groups(G.op, G.src, G.shape, G.flags, n_nodes, order, keep_mask,
-                                                     table("fuse"), MAX_MEMBERS)
+    head, nxt, count, ext, n_ext, producer, absorbed = _groups(G.op, G.src, G.shape, G.flags, n_nodes, order,
+                                                               keep_mask, table("fuse"), table("epilogue"),
+                                                               MAX_MEMBERS)
     if min_members > 2:
-        _drop_small(order, head, nxt, count, absorbed, min_members)
+        _drop_small(order, head, nxt, count, producer, absorbed, min_members)
     if not np.any(absorbed):                        # no group: nothing to copy or lay out
         return unfused(G, n_nodes, order)
     op, src, ip = G.op[:n_nodes].copy(), G.src[:n_nodes].copy(), G.ip[:n_nodes].copy()
-    fused_order, code, root = _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, absorbed)
+    fused_order, code, root = _lay_out(op, src, ip, order, head, nxt, count, ext, n_ext, producer, absorbed)
     nodes = Nodes(op, src, G.ndim[:n_nodes], G.shape[:n_nodes], ip, G.fp[:n_nodes], G.flags[:n_nodes],
                   G.origin[:n_nodes], G.rule[:n_nodes])
-    return Fused(fused_order, nodes, code, root, int(np.count_nonzero(op[fused_order] == GROUP)))
+    return Fused(fused_order, nodes, code, root, int(np.count_nonzero(is_group(op[fused_order]))))
 
 
 def unfused(G: Nodes, n_nodes: int, order: np.ndarray) -> Fused:

@@ -76,7 +76,7 @@ def run_nodes(G, order, loc, off, mem, store, salt, runners, natives, split, blo
     from compiler.py, ``split`` is registry.table("split"), ``blocks`` is the address of
     the block runner (0 if ``needs_blocks`` said no), ``groups`` the program's group code
     (fuse.py) and ``chunks`` the chunk runners its groups call (compiler.tables)."""
-    ctx = run_context(G, loc, off, mem, store, salt, natives, chunks, groups)
+    ctx = run_context(G, loc, off, mem, store, salt, natives, runners, chunks, groups)
     ctx_p = data_pointer(ctx)
     mem_p = data_pointer(mem)
     store_p = data_pointer(store)

@@ -196,7 +196,11 @@ RUN_TILES = 14             # most tiles a product is cut into: the thread pool's
 RUN_CHUNKS, RUN_N_CHUNKS = 15, 16       # the chunk runner table (a group runs its members' chunks)
 RUN_GROUPS, RUN_N_GROUPS = 17, 18       # the program's group code (fuse.py)
 RUN_CHUNK = 19             # 3 addresses: a chunk's output and operands (chunk runners)
-RUN_CTX = RUN_CHUNK + 3
+RUN_RUNNERS, RUN_N_RUNNERS = 22, 23     # the runner table (an epilogue runs its producer's runner)
+# where a producer writes its output when an epilogue runs it (ops/group.py): a scratch's address,
+# the output element the scratch starts at and its size; address 0: the node's own buffer
+RUN_INTO = 24
+RUN_CTX = RUN_INTO + 3
 
 
 class RunView(NamedTuple):
@@ -213,9 +217,10 @@ class RunView(NamedTuple):
 
 
 @njit(cache=True)
-def run_context(G, loc, off, mem, store, salt, natives, chunks, groups):
+def run_context(G, loc, off, mem, store, salt, natives, runners, chunks, groups):
     """The ctx array a program's run hands to every runner (``natives``: blas.natives;
-    ``chunks``: the chunk runner table; ``groups``: the program's group code)."""
+    ``runners`` and ``chunks``: the runner and chunk runner tables; ``groups``: the
+    program's group code)."""
     ctx = np.empty(RUN_CTX, np.int64)
     ctx[RUN_ROWS] = G.op.size
     ctx[RUN_SRC] = address_of(G.src)
@@ -237,6 +242,8 @@ def run_context(G, loc, off, mem, store, salt, natives, chunks, groups):
     ctx[RUN_GROUPS] = address_of(groups)
     ctx[RUN_N_GROUPS] = groups.size
     ctx[RUN_CHUNK:RUN_CTX] = 0
+    ctx[RUN_RUNNERS] = address_of(runners)
+    ctx[RUN_N_RUNNERS] = runners.size
     return ctx
 
 
@@ -295,6 +302,16 @@ def output(v, n):
     """Node n's own buffer (always in the run buffer)."""
     o = v.off[n]
     return v.mem[o:o + numel(v.shape, n)]
+
+
+@njit(cache=True, inline="always")
+def output_into(v, n):
+    """Where a producer's runner writes node n's output, and the index of that array's first
+    element in the output: its own buffer from 0, or the scratch an epilogue hands it
+    (ctx[RUN_INTO...]) from the first element of the images it asks for."""
+    if v.ctx[RUN_INTO] == 0:
+        return output(v, n), 0
+    return carray(pointer_like(v.ctx[RUN_INTO], v.mem), v.ctx[RUN_INTO + 2]), v.ctx[RUN_INTO + 1]
 
 
 @njit(cache=True, inline="always")

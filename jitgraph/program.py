@@ -13,14 +13,14 @@ import numpy as np
 from . import blas, compiler
 from .cost import total_flops
 from .errors import GraphError
-from .fuse import fuse_and_plan
+from .fuse import fuse_and_plan, is_group
 from .graph import Graph, Tensor, as_numeric_array
 from .interpreter import block_runner, needs_blocks, run_nodes, run_nodes_debug
 from .ir import F_INDEX, F_INPUT, F_OUTPUT, F_RECOMPUTED, LOC_ARENA, LOC_STORE, aligned_zeros
 from .ops.group import members_of
 from .order import topo_order
 from .plan import K_VIEW, backward_orders
-from .registry import GROUP, OPS, table
+from .registry import OPS, table
 from .running import RunningStats, io_slots
 from .status import ERR_INDEX, ERR_NOT_COMPILED
 from .threads import enter_run, held_blas
@@ -99,10 +99,11 @@ class Program:
         in_order = (nodes.flags[self.order] & F_INPUT) != 0
         self.inputs = [int(i) for i in self.order[in_order]]
         self._input_set = set(self.inputs)
-        # what runs: the runners of run_order's ops, and the chunk runners of the groups' members
-        self._op_codes = np.unique(self._fused.nodes.op[self.run_order])
-        inside = np.flatnonzero(self._fused.root >= 0)          # every group's members (fuse.py's root column)
-        self._chunk_codes = np.unique(nodes.op[inside])
+        # what runs: the runners of run_order's ops and epilogues' producers, chunk runners of other members
+        inside = nodes.op[np.flatnonzero(self._fused.root >= 0)]   # every group's members (fuse.py's root column)
+        chunked = table("fuse")[inside] != 0
+        self._op_codes = np.union1d(self._fused.nodes.op[self.run_order], inside[~chunked])
+        self._chunk_codes = np.unique(inside[chunked])
         self._calls_blas = any(OPS[int(c)].blas for c in np.union1d(self._op_codes, self._chunk_codes))
         self._tables: Optional[tuple] = None    # (runners, natives, blocks, chunk runners) once compiled
 
@@ -144,14 +145,14 @@ class Program:
 
     @property
     def run_table(self) -> Any:
-        """The node table (ir.Nodes) runs read, with ``run_order``: the program's own copy
-        when it has groups (a group is a GROUP node in its last member's row), else the graph's."""
+        """The node table (ir.Nodes) runs read, with ``run_order``: the program's own copy when it
+        has groups (a GROUP or EPILOGUE node in the last member's row), else the graph's."""
         return self._fused.nodes if self._fused.n_groups else self.graph.nodes.arrays()
 
     def groups(self) -> Dict[int, List[int]]:
         """{group node: its member nodes in order} (the group node is its last member)."""
         G, code = self._fused.nodes, self._fused.code
-        return {int(n): members_of(code, int(G.ip[n, 0])) for n in self.run_order[G.op[self.run_order] == GROUP]}
+        return {int(n): members_of(code, int(G.ip[n, 0])) for n in self.run_order[is_group(G.op[self.run_order])]}
 
     def stats(self) -> Dict[str, Any]:
         return {
@@ -159,10 +160,7 @@ class Program:
             "n_groups": self._fused.n_groups,
             "n_fused": int(self.order.size - self.run_order.size) + self._fused.n_groups,
             "n_forward": int(self.order.size),
-            "n_backward": 0,
-            "n_recomputed": 0,
-            "recompute_steps": 0,
-            "max_recomputations": 0,
+            "n_backward": 0, "n_recomputed": 0, "recompute_steps": 0, "max_recomputations": 0,
             "peak_bytes": self.peak_bytes,
             "persistent_bytes": self.persistent_bytes,
             "unplanned_bytes": self.unplanned_bytes,
@@ -313,12 +311,14 @@ class Program:
         nodes = g.nodes
         forward = set(getattr(self, "forward", self).order.tolist())
         members = self.groups()
+        run = self.run_table
         groups: Dict[tuple, list] = {}
         for t, n in enumerate(self.run_order.tolist()):
             phase = ("recomputed" if nodes.flags[n] & F_RECOMPUTED else
                      "forward" if n in forward else "backward")
-            label = (OPS[int(nodes.op[n])].label if n not in members else
-                     "group(" + ", ".join(OPS[int(nodes.op[m])].name for m in members[n]) + ")")
+            label = OPS[int(run.op[n])].label           # a group's or an epilogue's with its members
+            if n in members:
+                label += "(" + ", ".join(OPS[int(nodes.op[m])].name for m in members[n]) + ")"
             row = groups.setdefault((label, phase), [0, 0.0, 0])
             row[0] += 1
             row[1] += float(best[t])
@@ -382,8 +382,8 @@ class Program:
         """One dict per node in execution order: id, name, describe (what it is; for a
         gradient node, the forward node and rule it comes from), op, shape, bytes,
         sources, flags, loc and offset (planned, in bytes; loc "group" and the group
-        node's id for a member that runs inside its group, and flag "group" on the group's
-        last member, which runs it: fuse.py)."""
+        node's id for a member that runs inside its group, and flag "group" -- "epilogue" for
+        an epilogue -- on the group's last member, which runs it: fuse.py)."""
         rows = self.graph.node_rows(self.order)
         root = self._fused.root
         for row in rows:
@@ -392,8 +392,8 @@ class Program:
                 row.update(loc="group", offset=int(root[n]))
             else:
                 row.update(loc=("arena", "store", "io")[int(self.loc[n])], offset=int(self.off[n]) * self.itemsize)
-                if root[n] == n:                # the group's node: its flags say so
-                    row["flags"] = row["flags"] + ["group"]
+                if root[n] == n:                # the group's node: its flags say so ("group" or "epilogue")
+                    row["flags"] = row["flags"] + [OPS[int(self.run_table.op[n])].label]
         return rows
 
     # ---- pictures (Jupyter shows _repr_html_: the picture and a folded node table) ----

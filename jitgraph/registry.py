@@ -86,8 +86,8 @@ BATCH_NORM, BATCH_STATS, BATCH_NORM_SUMS, BATCH_NORM_DX = 73, 74, 75, 76   # ops
 CONV2D, CONV2D_WEIGHT = 79, 80                                         # ops/conv.py
 IM2COL, COL2IM = 81, 82                                                # ops/windows.py
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
-GROUP = 90                                                             # ops/group.py: fused elementwise nodes
-NEXT_CODE = 91
+GROUP, EPILOGUE = 90, 91                                               # ops/group.py: fused elementwise nodes
+NEXT_CODE = 92
 
 
 def _names(params: Any, what: str) -> tuple:
@@ -121,6 +121,7 @@ class Op:
     fp_names: tuple = ()          # its float parameters by slot (G.fp[n, slot])
     chunk: Optional[Callable[..., Any]] = None   # its chunk runner: the op fuses (fuse.py)
     overwrites: bool = False      # may write its output over a same-sized source that dies here (plan.py)
+    epilogue: bool = False        # may produce an epilogue's input: units and output image by image (ops/group.py)
 
     @property
     def fuse(self) -> bool:
@@ -150,7 +151,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
           kind: str = OTHER, cost: str = MEMORY, flops: int = 1, public: bool = True,
           label: Optional[str] = None, family: Optional[str] = None, split: Optional[str] = None,
           blas: bool = False, sources: Optional[tuple] = None, ip: Any = None, fp: Any = None,
-          chunk: Optional[Callable[..., Any]] = None, overwrites: Optional[bool] = None) -> int:
+          chunk: Optional[Callable[..., Any]] = None, overwrites: Optional[bool] = None, epilogue: bool = False) -> int:
     """Declare an op; returns its code.  See the module docstring.  ``sources`` names the
     sources for its rule; ``ip`` / ``fp`` are IntEnums naming its int / float parameter
     slots, read by name everywhere (``v.ip[n, SoftmaxIP.axis]``)."""
@@ -173,6 +174,8 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         raise ValueError(f"op {name!r}: leaves and views have no runner, every other op has one")
     if chunk is not None and (kind != ELEMENTWISE or ip_names):
         raise ValueError(f"op {name!r}: only elementwise ops without int parameters fuse")
+    if epilogue and split != CUSTOM:
+        raise ValueError(f"op {name!r}: an epilogue's producer reports its units (split 'custom')")
     if split is None:
         split = ELEMENTS if kind == ELEMENTWISE else NONE
     if split not in SPLITS:
@@ -182,7 +185,7 @@ def defop(code: int, name: str, builder: Optional[Callable[..., Any]] = None,
         family = owner.__module__.rsplit(".", 1)[-1] if owner is not None else "leaf"
     OPS[code] = Op(code, name, family, arity, kind, cost, flops, builder, runner, vjp,
                    public and builder is not None, label or name, split, blas, tuple(sources), ip_names, fp_names, chunk,
-                   kind == ELEMENTWISE if overwrites is None else overwrites)
+                   kind == ELEMENTWISE if overwrites is None else overwrites, epilogue)
     BY_NAME[name] = OPS[code]
     if builder is not None and OPS[code].public:
         export(builder)
@@ -230,7 +233,7 @@ def table(field: str) -> np.ndarray:
     (1 for the compute-bound cost class), 'memory' (1 for the memory-bound one), 'flops',
     'arity' (-9 where no op has the code),
     'split' (index into SPLITS), 'fuse' (1 where the op fuses), 'overwrites' (1 where its
-    output may take a dying source's buffer)."""
+    output may take a dying source's buffer), 'epilogue' (1 where an epilogue may run it)."""
     got = _tables.get(field)
     if got is None:
         got = np.full(n_codes(), -9 if field == "arity" else 0, np.int64)
@@ -238,7 +241,8 @@ def table(field: str) -> np.ndarray:
             got[op.code] = {"kind": KINDS.index(op.kind), "compute": int(op.cost == COMPUTE),
                             "memory": int(op.cost == MEMORY),
                             "flops": op.flops, "arity": op.arity, "split": SPLITS.index(op.split),
-                            "fuse": int(op.fuse), "overwrites": int(op.overwrites)}[field]
+                            "fuse": int(op.fuse), "overwrites": int(op.overwrites),
+                            "epilogue": int(op.epilogue)}[field]
         got.setflags(write=False)
         _tables[field] = got
     return got

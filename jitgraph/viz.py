@@ -140,7 +140,9 @@ def to_dot(graph, order, max_nodes=300, fold_forward=None, title=None, legend=Tr
         inside = [m for m in members if m in visible]
         if inside:
             names = ", ".join(OPS[int(nodes.op[m])].name for m in members)
-            lines.append(f'  subgraph cluster_group{root} {{ label={_q(f"group #{root}: {names}")}; fontsize=9; '
+            # an epilogue: elementwise members in the output pass of a convolution (ops/group.py)
+            what = "epilogue" if any(OPS[int(nodes.op[m])].epilogue for m in members) else "group"
+            lines.append(f'  subgraph cluster_group{root} {{ label={_q(f"{what} #{root}: {names}")}; fontsize=9; '
                          'style="rounded,filled"; fillcolor="#f4f4ff"; color="#7777cc"; '
                          + " ".join(f"n{m};" for m in inside) + " }")
     seen_fold = set()

@@ -59,9 +59,11 @@ def test_new_opcodes_are_appended_and_unique():
 
 
 def test_every_op_has_a_reference_a_fuzz_family_and_a_gradient_entry():
-    # a group is made by the fusion pass in a program's own node table, never built (tests/test_fusion.py)
-    assert registry.BY_NAME["group"].builder is None and not registry.BY_NAME["group"].public
-    ops = {op.name for op in OPS.values()} - LEAVES - {"group"}
+    # groups and epilogues are made by the fusion pass in a program's own node table, never built
+    # (tests/test_fusion.py, tests/test_epilogue.py)
+    for made in ("group", "epilogue"):
+        assert registry.BY_NAME[made].builder is None and not registry.BY_NAME[made].public
+    ops = {op.name for op in OPS.values()} - LEAVES - {"group", "epilogue"}
     assert ops - set(REF) == set(), f"ops without a line in tests/naive.py: {sorted(ops - set(REF))}"
     assert set(REF) - ops == set(), f"references of unknown ops: {sorted(set(REF) - ops)}"
     for name, case in REF.items():

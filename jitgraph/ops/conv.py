@@ -49,7 +49,7 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import RUN_EXTENT, data_pointer, operand, output, run_view, span
+from ..native import RUN_EXTENT, data_pointer, operand, output, output_into, run_view, span
 from ..registry import COMPUTE, CONV2D, CONV2D_WEIGHT, CUSTOM, DOT, DOT_K, IM2COL, defop, export, slots
 from ..rules import Sym, either, op
 from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, dot_tile, fma_tile
@@ -308,7 +308,9 @@ def conv_tiles(v, n, lo, hi):
         v.ctx[RUN_EXTENT] = units
         return OK
     lo, hi = span(lo, hi, units)
-    x, w, out = operand(v, n, 2), operand(v, n, 1), output(v, n)
+    # out[o - first] is output element o: the node's buffer, or an epilogue's scratch of some images
+    x, w = operand(v, n, 2), operand(v, n, 1)
+    out, first_out = output_into(v, n)
     # folded: the padded image the tiles read, in a scratch that stays in cache (zero borders, its
     # interior written when the image changes; a call's units are about one image's)
     scratch = np.zeros(Ci * Hp * Wp if folded else 0, out.dtype)
@@ -349,11 +351,11 @@ def conv_tiles(v, n, lo, hi):
                     om = S * OH * OW
                 if folded:                 # the same offsets, in the scratch's one image
                     _fma(f, data_pointer(scratch[xo - img * Ci * Hp * Wp:]), data_pointer(w[wo:]),
-                         data_pointer(out[oo:]), n_i, n_j, Cr, dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om,
-                         OW, first)
+                         data_pointer(out[oo - first_out:]), n_i, n_j, Cr, dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm,
+                         Wp, om, OW, first)
                 else:
-                    _fma(f, data_pointer(x[xo:]), data_pointer(w[wo:]), data_pointer(out[oo:]), n_i, n_j, Cr,
-                         dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om, OW, first)
+                    _fma(f, data_pointer(x[xo:]), data_pointer(w[wo:]), data_pointer(out[oo - first_out:]), n_i, n_j,
+                         Cr, dh * Wp, dw, S_in * Hp * Wp, wi, wj, wc, wm, Wp, om, OW, first)
                 first = 1
     return OK
 
@@ -403,7 +405,7 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
 
 
 defop(CONV2D, "conv2d", conv2d, _run_conv2d, _conv2d_vjp, arity=3, cost=COMPUTE, flops=DOT, split=CUSTOM,
-      sources=("x", "w", "xp"), ip=ConvIP)
+      sources=("x", "w", "xp"), ip=ConvIP, epilogue=True)
 
 
 # ---- conv2d_weight: the weight gradient ---------------------------------------------------------------
