@@ -38,7 +38,10 @@ def every_op_model(dtype=np.float64, seed=0):
             else:
                 tensors.append(a)
         loss = loss + jg.mean(build(name, BY_NAME[name].builder, tensors, case.kw)) * 0.1
-    return g, x, idx, loss.named("loss"), params
+    # a convolution read by a relu alone: the fused program runs them as an epilogue
+    wc = g.param(rng.standard_normal((2, 2, 3, 3)) * 0.5, name="epilogue_w")
+    loss = loss + jg.mean(jg.relu(jg.conv2d(g.const(rng.standard_normal((1, 2, 5, 5))), wc, padding=1))) * 0.1
+    return g, x, idx, loss.named("loss"), params + [wc]
 
 
 def feeds(x, idx, seed=1):
