@@ -179,7 +179,7 @@ def _run_epilogue(n, lo, hi, ctx, mem, store):
     run, p = runners[code[w]], code[w + 1]
     local = _local(v)
     local_p = data_pointer(local)
-    status = call_runner(run, p, -1, -1, local_p, mem, store)      # the producer's units, image-major
+    call_runner(run, p, -1, -1, local_p, mem, store)      # the producer's units (image-major) into RUN_EXTENT
     per_image = local[RUN_EXTENT] // images
     image = numel(v.shape, n) // images
     step = max(1, EPILOGUE_ELEMS // image)
