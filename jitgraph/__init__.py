@@ -3,6 +3,7 @@ checkpoint.  See README.md for a tour."""
 from typing import Callable
 
 from . import _target  # noqa: F401  -- first: the vector width, before Numba sets up its code generator
+from . import _blas_probe  # noqa: F401  -- Numba's BLAS check without importing scipy.linalg (0.2 s)
 from . import _cache  # noqa: F401  -- the compiled-code cache folder, before anything is jitted
 from . import ops, optim  # noqa: F401  -- importing ops declares every op in the op table
 from . import nn  # noqa: F401  -- layers with PyTorch's names (jitgraph.nn)
