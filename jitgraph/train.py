@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .errors import GraphError
 from .graph import Tensor
@@ -241,6 +240,13 @@ def _learning_rate(lr: Any, step: int) -> float:
     return float(value)
 
 
+def _training_bar(**kw: Any) -> Any:
+    """A tqdm bar; tqdm is imported here, when a bar opens, so a process that never trains
+    does not load it."""
+    from tqdm.auto import tqdm
+    return tqdm(**kw)
+
+
 def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
           batch_size: Optional[int] = None, shuffle: bool = True, seed: int = 0, progress: bool = True,
           desc: str = "train", *, lr: Union[None, float, Callable[[int], float]] = None, accumulate: int = 1,
@@ -323,7 +329,7 @@ def train(bwd: BackwardGraph, optimizer: Optimizer, data: Any, epochs: int = 1,
             # (compiler.CompileLine), and the rate and ETA count the steps after it; none
             # where stderr is no terminal (disable=None): a log would keep every frame
             total = epochs * (math.ceil(per_epoch / accumulate) if per_epoch is not None else 0) or None
-            bar = tqdm(total=total, initial=step, desc=desc, unit="step", leave=False, disable=None)
+            bar = _training_bar(total=total, initial=step, desc=desc, unit="step", leave=False, disable=None)
         elif bar is not None:
             bar.update(1)
         if bar is not None:

@@ -404,7 +404,7 @@ def test_the_training_bar_opens_after_the_first_step(monkeypatch):
 
         def close(self):
             pass
-    monkeypatch.setattr(training, "tqdm", Bar)
+    monkeypatch.setattr(training, "_training_bar", Bar)
     g = jg.Graph(np.float32)
     x = g.input((4, 3), name="x")
     w = g.param(np.ones((3, 2), np.float32), name="w")

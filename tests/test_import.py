@@ -1,0 +1,57 @@
+"""What ``import jitgraph`` loads: a process that builds and runs a graph loads neither
+scipy.linalg (Numba's BLAS check is met by scipy's bare cython_blas extension,
+jitgraph/_blas_probe.py) nor the layers, the PyTorch importer or tqdm -- and each of them
+still works as usual when asked for."""
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+PROBE = """
+import sys
+import numpy as np
+import jitgraph as jg
+g = jg.Graph(np.float32)
+x = g.input((4, 3), name="x")
+W = g.param(np.ones((3, 2)), name="W")
+bwd = jg.build_backward(jg.build_forward(jg.mean(jg.relu(x @ W))))
+loss = float(bwd.run({x: np.arange(12.0).reshape(4, 3)}))
+assert loss == 16.5, loss
+loaded = sorted(m for m in ("scipy.linalg", "jitgraph.nn", "jitgraph.importer", "tqdm") if m in sys.modules)
+print("LOADED", loaded, jg._blas_probe.LIGHT)
+
+# each still works when asked for, and scipy.linalg gets the very module Numba's check saw
+import scipy.linalg.cython_blas as cython_blas
+import scipy.linalg
+assert scipy.linalg.cython_blas is cython_blas and "sgemm" in cython_blas.__pyx_capi__
+assert scipy.linalg.solve(np.eye(2) * 2, np.ones(2)).tolist() == [0.5, 0.5]
+import numba
+@numba.njit
+def dot(a, b):
+    return np.dot(a, b)
+assert dot(np.eye(2), np.full((2, 2), 3.0)).tolist() == [[3.0, 3.0], [3.0, 3.0]]
+assert jg.nn.Linear(3, 2)(x).shape == (4, 2) and callable(jg.from_torch) and jg.Imported.__name__ == "Imported"
+assert callable(jg.train) and jg.train.__module__ == "jitgraph.train"
+import jitgraph.train
+assert callable(jg.train), "importing the module jitgraph.train must not rebind jg.train"
+print("OK")
+"""
+
+
+def run(code, *before):
+    """Run ``code`` in a new process that first imports ``before`` (modules), from the clone."""
+    pre = "".join(f"import {m}\n" for m in before)
+    out = subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_a_graph_run_loads_no_scipy_linalg_layers_importer_or_tqdm():
+    out = run(PROBE)
+    assert "LOADED [] True" in out and out.rstrip().endswith("OK"), out
+
+
+def test_scipy_linalg_imported_first_is_left_to_numba():
+    out = run(PROBE, "scipy.linalg")
+    assert "LOADED ['scipy.linalg'] False" in out and out.rstrip().endswith("OK"), out
