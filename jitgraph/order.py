@@ -5,6 +5,7 @@ import numpy as np
 from numba import njit
 
 from ._hashtable import INSERTED, hs_add, ht_new
+from ._sort import argsort_stable
 from .ir import MAX_SRC
 from .status import ERR_BAD_NODE, OK
 
@@ -138,4 +139,4 @@ def sink_order(src, n_nodes, order, start, immortal):
             if s < 0:
                 break
             first_use[s] = min(first_use[s], target[t])
-    return order[np.argsort(target * m + np.arange(m))]
+    return order[argsort_stable(target * m + np.arange(m))]

@@ -25,6 +25,7 @@ from numba import njit, types
 
 from . import registry
 from ._sigs import ST, i64, on_first_use
+from ._sort import argsort_stable
 from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC, numel
 from .order import extend_order, needed_backward, sink_order
 from .registry import INPUT, LeafIP
@@ -114,7 +115,7 @@ def _pack(start, end, size):
     Returns (offsets, high-water mark)."""
     nb = size.size
     # largest first; among equal sizes the longer-lived first (a lifetime is < end.max() + 2)
-    by_size = np.argsort(-(size * (end.max() + 2) + (end - start)), kind="mergesort")
+    by_size = argsort_stable(-(size * (end.max() + 2) + (end - start)))
     offs = np.zeros(nb, np.int64)
     placed = np.empty(nb, np.int64)
     near_off = np.empty(nb, np.int64)
@@ -129,7 +130,7 @@ def _pack(start, end, size):
                 near_off[k] = offs[p]
                 near_end[k] = offs[p] + size[p]
                 k += 1
-        at = np.argsort(near_off[:k])
+        at = argsort_stable(near_off[:k])
         best, best_gap, top = -1, np.iinfo(np.int64).max, 0
         for i in at:
             gap = near_off[i] - top

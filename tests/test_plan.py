@@ -336,3 +336,16 @@ def test_softmax_and_its_gradient_write_over_a_dying_source_with_the_same_bits(d
             over[t.op] = any(bwd.loc[s] == LOC_ARENA and bwd.off[s] == bwd.off[int(n)] for s in srcs)
     assert over["softmax"] and not over["log_softmax"]
     assert over["softmax_d"] or over["log_softmax_d"]
+
+
+def test_the_passes_sort_is_numpys_stable_argsort():
+    """_sort.argsort_stable (the one sort the jitted passes use) orders like numpy's
+    kind="stable": ties (many, from a narrow key range) keep their order; empty and
+    single-key arrays, negative and huge keys."""
+    from jitgraph._sort import argsort_stable
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 3, 5, 64, 1000, 1025):
+        for lo, hi in ((-3, 3), (-2**62, 2**62)):
+            keys = rng.integers(lo, hi, n)
+            np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
+    np.testing.assert_array_equal(argsort_stable(np.arange(10)[::-1].copy()), np.arange(10)[::-1])
