@@ -127,7 +127,10 @@ def _openblas(pools: List[dict]) -> Optional[Library]:
             break
         return Library("openblas", str(info.get("version")), str(info.get("architecture")), path, gemms,
                        FORTRAN_ILP64, _thread_setter(path))
-    import scipy.linalg.cython_blas       # scipy's BLAS only where numpy has none of its own: its import costs ~0.35 s
+    try:                                  # scipy's BLAS only where numpy has none of its own: its import costs ~0.35 s
+        import scipy.linalg.cython_blas
+    except ImportError:                   # not installed (a dependency only off Linux, pyproject.toml)
+        return None
     capi = scipy.linalg.cython_blas.__pyx_capi__
     gemms = {"float32": _capsule_address(capi["sgemm"]), "float64": _capsule_address(capi["dgemm"])}
     path = library_of(gemms["float32"]) or ""
@@ -404,6 +407,10 @@ def chosen(dtype=np.float32) -> Library:
         if lib is not None:
             return lib
         libraries = available()
+        if not libraries:
+            raise GraphError(f"no BLAS for {name} products: numpy {np.__version__} here carries no OpenBLAS jitgraph "
+                             "can call (numpy's wheels from PyPI do), scipy is not installed and neither is MKL or "
+                             "BLIS; `pip install scipy` (or \"jitgraph[mkl]\") adds one")
         lib = _forced(libraries)
         if lib is None and len(libraries) == 1:
             lib = libraries[0]

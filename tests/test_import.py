@@ -55,3 +55,41 @@ def test_a_graph_run_loads_no_scipy_linalg_layers_importer_or_tqdm():
 def test_scipy_linalg_imported_first_is_left_to_numba():
     out = run(PROBE, "scipy.linalg")
     assert "LOADED ['scipy.linalg'] False" in out and out.rstrip().endswith("OK"), out
+
+
+WITHOUT_SCIPY = """
+import sys
+sys.modules["scipy"] = None          # as if not installed: every import of it raises ImportError
+import numpy as np
+import jitgraph as jg
+from jitgraph import blas
+rng = np.random.default_rng(0)
+g = jg.Graph(np.float64)
+x = g.input((5, 4), name="x")
+W = g.param(rng.standard_normal((4, 3)), name="W")
+bwd = jg.build_backward(jg.build_forward(jg.sum(x @ W)))
+xs = rng.standard_normal((5, 4))
+loss = float(bwd.run({x: xs}))
+assert abs(loss - float((xs @ W.value).sum())) < 1e-12, loss
+assert np.allclose(bwd.grad(W), xs.sum(0)[:, None] * np.ones((1, 3)))
+assert not jg._blas_probe.LIGHT and blas.chosen(np.float64).name in ("openblas", "mkl", "blis")
+assert blas._openblas([]) is None        # numpy's OpenBLAS out of sight, and no scipy to fall back on
+blas._found[:] = []
+blas._chosen.clear()
+blas.available = lambda: []
+try:
+    blas.chosen(np.float32)
+except jg.GraphError as e:
+    assert "no BLAS for float32 products" in str(e) and "pip install scipy" in str(e), e
+else:
+    raise AssertionError("no BLAS at all must raise")
+print("OK")
+"""
+
+
+def test_without_scipy_products_run_on_numpys_openblas():
+    """scipy is no dependency on Linux (numpy's wheels carry OpenBLAS): without it jitgraph
+    imports, its products run on numpy's OpenBLAS (or MKL), and a host with no BLAS at all
+    gets an error saying what to install."""
+    out = run(WITHOUT_SCIPY)
+    assert out.rstrip().endswith("OK"), out
