@@ -33,28 +33,35 @@ def _extension_file():
     return None
 
 
-def import_arraymath_lightly() -> bool:
-    """Import numba.np.arraymath with its BLAS check met by the bare extension; True
-    when that was done here (False: already imported, or the plain import was left)."""
+def _stand_in():
+    """scipy's cython_blas extension loaded from its file alone, or None (no scipy, already
+    imported, or an unusual scipy: then Numba imports it its own way)."""
     if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules or NAME in sys.modules:
-        return False
+        return None
     path = _extension_file()
     if path is None:
-        return False
+        return None
     try:
         spec = importlib.util.spec_from_file_location(NAME, path)
         if spec is None or spec.loader is None:
-            return False
+            return None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except Exception:            # an unusual scipy: Numba imports it its own way
-        return False
-    sys.modules[NAME] = module
-    try:
-        import numba.np.arraymath  # noqa: F401  -- its BLAS check finds the module above
-    finally:
+    except Exception:
+        return None
+    return module
+
+
+# Module level, so that it happens once and before anything is jitted: the stand-in is in
+# sys.modules only while arraymath's BLAS check runs.
+_module = _stand_in()
+LIGHT = _module is not None
+"""True when arraymath was imported here with the bare extension standing in."""
+if LIGHT:
+    sys.modules[NAME] = _module
+try:
+    import numba.np.arraymath  # noqa: E402,F401  -- its BLAS check finds the module above
+finally:
+    if LIGHT:
         del sys.modules[NAME]
-    return True
-
-
-LIGHT = import_arraymath_lightly()
+del _module

@@ -7,7 +7,7 @@ import os
 import jitgraph as jg
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jitgraph")
-OPTIONAL = {"sklearn", "graphviz", "matplotlib", "torch", "ray", "threadpoolctl", "scipy", "safetensors"}  # imported where used
+OPTIONAL = {"sklearn", "graphviz", "matplotlib", "torch", "ray", "threadpoolctl", "scipy", "safetensors", "tqdm"}  # imported where used (tqdm: when a training bar opens)
 
 
 def modules():
