@@ -18,7 +18,7 @@ from .harness import Target, Workload
 from .report import fmt_s, md_table
 
 PAIRS = 3                   # cold+warm process pairs per program (medians of 3)
-QUICK_PAIRS = 2             # --quick: warm processes only (bench --quick stays under 30 s)
+QUICK_PAIRS = 1             # --quick: warm processes only, one of each (bench --quick stays under 30 s)
 PHASES = ("import_s", "build_forward_s", "build_backward_s", "first_run_s", "step_s")
 FIGURES = ("wall_s", "first_gradient_s") + PHASES
 
