@@ -93,3 +93,34 @@ def test_without_scipy_products_run_on_numpys_openblas():
     gets an error saying what to install."""
     out = run(WITHOUT_SCIPY)
     assert out.rstrip().endswith("OK"), out
+
+
+GC_PROBE = """
+import gc, weakref
+gc.disable()                       # the user's choice: jitgraph's import must keep it
+import jitgraph as jg
+print("AFTER", gc.isenabled(), gc.get_freeze_count() > 100_000)
+gc.enable()
+
+class Node:
+    pass
+
+a, b = Node(), Node()              # a cycle made after the import is collected as usual
+a.other, b.other = b, a
+alive = weakref.ref(a)
+del a, b
+gc.collect()
+print("CYCLE", alive() is None)
+"""
+
+
+def test_import_freezes_numbas_objects_out_of_collections_and_keeps_the_collector_setting():
+    out = run(GC_PROBE)
+    assert "AFTER False True" in out and "CYCLE True" in out, out
+    out = run(GC_PROBE.replace("gc.disable()  ", "gc.enable()   "))
+    assert "AFTER True True" in out and "CYCLE True" in out, out
+
+
+def test_jitgraph_gc_freeze_0_leaves_the_collector_alone():
+    code = "import os; os.environ['JITGRAPH_GC_FREEZE'] = '0'\nimport gc, jitgraph\nprint('FROZEN', gc.get_freeze_count())"
+    assert "FROZEN 0" in run(code)
