@@ -14,6 +14,7 @@ from ._sigs import on_first_use
 from numba import types
 
 I64 = types.Array(types.int64, 1, "A")
+RUN = 16                 # insertion-sorted run length before merging
 
 
 @on_first_use(types.Array(types.int64, 1, "C")(I64))
@@ -22,29 +23,48 @@ def argsort_stable(keys):
     ``kind="stable"``)."""
     n = keys.size
     idx = np.arange(n)
+    ordered = True
+    for a in range(1, n):
+        if keys[a] < keys[a - 1]:
+            ordered = False
+            break
+    if ordered:                                        # the passes' keys often are
+        return idx
+    key = keys.copy()                                  # carried with idx: merges read keys in order, not scattered
+    for lo in range(0, n, RUN):                        # runs of RUN by insertion: stable, no merge passes
+        for a in range(lo + 1, min(lo + RUN, n)):
+            x, kx = idx[a], key[a]
+            b = a
+            while b > lo and kx < key[b - 1]:
+                idx[b], key[b] = idx[b - 1], key[b - 1]
+                b -= 1
+            idx[b], key[b] = x, kx
     tmp = np.empty(n, np.int64)
-    width = 1
+    tkey = np.empty(n, np.int64)
+    width = RUN
     while width < n:
         for lo in range(0, n, 2 * width):
             mid = min(lo + width, n)
             hi = min(lo + 2 * width, n)
+            if mid >= hi or key[mid - 1] <= key[mid]:
+                tmp[lo:hi] = idx[lo:hi]                 # already in order (the passes' keys often are)
+                tkey[lo:hi] = key[lo:hi]
+                continue
             i, j, k = lo, mid, lo
             while i < mid and j < hi:
-                if keys[idx[j]] < keys[idx[i]]:        # strictly less: the left run wins ties
-                    tmp[k] = idx[j]
+                if key[j] < key[i]:                    # strictly less: the left run wins ties
+                    tmp[k], tkey[k] = idx[j], key[j]
                     j += 1
                 else:
-                    tmp[k] = idx[i]
+                    tmp[k], tkey[k] = idx[i], key[i]
                     i += 1
                 k += 1
-            while i < mid:
-                tmp[k] = idx[i]
-                i += 1
-                k += 1
-            while j < hi:
-                tmp[k] = idx[j]
-                j += 1
-                k += 1
+            tmp[k:k + mid - i] = idx[i:mid]
+            tkey[k:k + mid - i] = key[i:mid]
+            k += mid - i
+            tmp[k:k + hi - j] = idx[j:hi]
+            tkey[k:k + hi - j] = key[j:hi]
         idx, tmp = tmp, idx
+        key, tkey = tkey, key
         width *= 2
     return idx

@@ -349,3 +349,6 @@ def test_the_passes_sort_is_numpys_stable_argsort():
             keys = rng.integers(lo, hi, n)
             np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
     np.testing.assert_array_equal(argsort_stable(np.arange(10)[::-1].copy()), np.arange(10)[::-1])
+    for keys in (np.arange(1000), np.arange(1000)[::-1].copy(), np.repeat(np.arange(50)[::-1], 40),
+                 np.concatenate([np.arange(500), np.arange(500)])):      # sorted, reversed, tied runs, two runs
+        np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
