@@ -30,15 +30,20 @@ def argsort_stable(keys):
             break
     if ordered:                                        # the passes' keys often are
         return idx
-    key = keys.copy()                                  # carried with idx: merges read keys in order, not scattered
+    key = np.empty(n, np.int64)                        # carried with idx: merges read keys in order, not scattered
+    for a in range(n):
+        key[a] = keys[a]
     for lo in range(0, n, RUN):                        # runs of RUN by insertion: stable, no merge passes
         for a in range(lo + 1, min(lo + RUN, n)):
-            x, kx = idx[a], key[a]
+            x = idx[a]
+            kx = key[a]
             b = a
             while b > lo and kx < key[b - 1]:
-                idx[b], key[b] = idx[b - 1], key[b - 1]
+                idx[b] = idx[b - 1]
+                key[b] = key[b - 1]
                 b -= 1
-            idx[b], key[b] = x, kx
+            idx[b] = x
+            key[b] = kx
     tmp = np.empty(n, np.int64)
     tkey = np.empty(n, np.int64)
     width = RUN
@@ -47,23 +52,29 @@ def argsort_stable(keys):
             mid = min(lo + width, n)
             hi = min(lo + 2 * width, n)
             if mid >= hi or key[mid - 1] <= key[mid]:
-                tmp[lo:hi] = idx[lo:hi]                 # already in order (the passes' keys often are)
-                tkey[lo:hi] = key[lo:hi]
+                for a in range(lo, hi):                 # already in order (the passes' keys often are)
+                    tmp[a] = idx[a]
+                    tkey[a] = key[a]
                 continue
             i, j, k = lo, mid, lo
             while i < mid and j < hi:
                 if key[j] < key[i]:                    # strictly less: the left run wins ties
-                    tmp[k], tkey[k] = idx[j], key[j]
+                    tmp[k] = idx[j]
+                    tkey[k] = key[j]
                     j += 1
                 else:
-                    tmp[k], tkey[k] = idx[i], key[i]
+                    tmp[k] = idx[i]
+                    tkey[k] = key[i]
                     i += 1
                 k += 1
-            tmp[k:k + mid - i] = idx[i:mid]
-            tkey[k:k + mid - i] = key[i:mid]
-            k += mid - i
-            tmp[k:k + hi - j] = idx[j:hi]
-            tkey[k:k + hi - j] = key[j:hi]
+            for a in range(i, mid):                    # what is left of one run (loops, not slices:
+                tmp[k] = idx[a]                        # slice assignment costs 2 s of compile)
+                tkey[k] = key[a]
+                k += 1
+            for a in range(j, hi):
+                tmp[k] = idx[a]
+                tkey[k] = key[a]
+                k += 1
         idx, tmp = tmp, idx
         key, tkey = tkey, key
         width *= 2
