@@ -183,8 +183,12 @@ def run(ctx):
         return res
     load0 = os.getloadavg()[0]
     rng = np.random.default_rng(7)
-    models = {"gpt": gpt(cfg),
-              "mlp": mlp(chain_weights(n, d, rng.standard_normal((256, d)).astype(np.float32), rng))}
+    # --quick: the example alone (the MLP's target config): every DataParallel
+    # starts its Ray actors, ~1 s each, which kept bench --quick over 30 s
+    todo = (configs[2],) if ctx.quick else configs
+    build = {"gpt": lambda: gpt(cfg),
+             "mlp": lambda: mlp(chain_weights(n, d, rng.standard_normal((256, d)).astype(np.float32), rng))}
+    models = {m: build[m]() for m in dict.fromkeys(m for m, _, _ in todo)}     # only the models todo runs
     started = not ray.is_initialized()
     if started:
         # worker_niceness 0: Ray runs workers at nice 15 by default, which on a shared machine
@@ -193,9 +197,6 @@ def run(ctx):
         ray.init(address="local", num_cpus=sum(WORKERS), include_dashboard=False, log_to_driver=False,
                  object_store_memory=STORE, _system_config={"worker_niceness": 0})
     try:
-        # --quick: the example alone (the MLP's target config): every DataParallel
-        # starts its Ray actors, ~1 s each, which kept bench --quick over 30 s
-        todo = (configs[2],) if ctx.quick else configs
         res["configs"] = [measure(ctx, DataParallel, models[m], b, steps, rng) for m, b, steps in todo]
     finally:
         if started:

@@ -97,7 +97,7 @@ def test_without_scipy_products_run_on_numpys_openblas():
 
 GC_PROBE = """
 import gc, weakref
-gc.disable()                       # the user's choice: jitgraph's import must keep it
+gc.{setting}()                       # the user's choice: jitgraph's import must keep it
 import jitgraph as jg
 print("AFTER", gc.isenabled(), gc.get_freeze_count() > 100_000)
 gc.enable()
@@ -115,9 +115,9 @@ print("CYCLE", alive() is None)
 
 
 def test_import_freezes_numbas_objects_out_of_collections_and_keeps_the_collector_setting():
-    out = run(GC_PROBE)
+    out = run(GC_PROBE.format(setting="disable"))
     assert "AFTER False True" in out and "CYCLE True" in out, out
-    out = run(GC_PROBE.replace("gc.disable()  ", "gc.enable()   "))
+    out = run(GC_PROBE.format(setting="enable"))
     assert "AFTER True True" in out and "CYCLE True" in out, out
 
 
