@@ -5,7 +5,6 @@ import numpy as np
 from numba import njit
 
 from ._hashtable import INSERTED, hs_add, ht_new
-from ._sort import argsort_stable
 from .ir import MAX_SRC
 from .status import ERR_BAD_NODE, OK
 
@@ -139,4 +138,14 @@ def sink_order(src, n_nodes, order, start, immortal):
             if s < 0:
                 break
             first_use[s] = min(first_use[s], target[t])
-    return order[argsort_stable(target * m + np.arange(m))]
+    # stable counting sort by target (in [0, m]): ties keep their order; no sort template to compile
+    count = np.zeros(m + 2, np.int64)
+    for t in range(m):
+        count[target[t] + 1] += 1
+    for v in range(1, m + 2):
+        count[v] += count[v - 1]
+    out = np.empty(m, order.dtype)
+    for t in range(m):
+        out[count[target[t]]] = order[t]
+        count[target[t]] += 1
+    return out

@@ -25,7 +25,6 @@ from numba import njit, types
 
 from . import registry
 from ._sigs import ST, i64, on_first_use
-from ._sort import argsort_stable
 from .ir import F_RECOMPUTED, LOC_ARENA, LOC_IO, LOC_STORE, MAX_SRC, numel
 from .order import extend_order, needed_backward, sink_order
 from .registry import INPUT, LeafIP
@@ -112,36 +111,44 @@ def _pack(start, end, size):
     and one taken at step t overlap), placed largest first, each in the smallest gap the
     buffers placed already leave in its lifetime (else above them): "greedy by size"
     (Pisarchyk & Lee, 2020), which leaves fewer holes than best fit in execution order.
-    Returns (offsets, high-water mark)."""
+    Returns (offsets, high-water mark).
+
+    Both orders are kept by insertion (nb <= MAX_PACKED, and the placement scan is
+    quadratic anyway): a general sort is a template Numba compiles for a second on a cold start."""
     nb = size.size
-    # largest first; among equal sizes the longer-lived first (a lifetime is < end.max() + 2)
-    by_size = argsort_stable(-(size * (end.max() + 2) + (end - start)))
+    # largest first; among equal sizes the longer-lived first; then by index (insert after equals)
+    by_size = np.empty(nb, np.int64)
+    for b in range(nb):
+        i = b
+        while i > 0:
+            a = by_size[i - 1]
+            if size[a] > size[b] or (size[a] == size[b] and end[a] - start[a] >= end[b] - start[b]):
+                break
+            by_size[i] = a
+            i -= 1
+        by_size[i] = b
     offs = np.zeros(nb, np.int64)
-    placed = np.empty(nb, np.int64)
-    near_off = np.empty(nb, np.int64)
-    near_end = np.empty(nb, np.int64)
+    placed = np.empty(nb, np.int64)           # by offset, equal offsets in placement order
     n_placed = 0
     high = 0
     for b in by_size:
-        k = 0
+        best, best_gap, top = -1, np.iinfo(np.int64).max, 0
         for j in range(n_placed):
             p = placed[j]
-            if start[p] <= end[b] and start[b] <= end[p]:
-                near_off[k] = offs[p]
-                near_end[k] = offs[p] + size[p]
-                k += 1
-        at = argsort_stable(near_off[:k])
-        best, best_gap, top = -1, np.iinfo(np.int64).max, 0
-        for i in at:
-            gap = near_off[i] - top
-            if gap >= size[b] and gap < best_gap:
-                best, best_gap = top, gap
-            if near_end[i] > top:
-                top = near_end[i]
+            if start[p] <= end[b] and start[b] <= end[p]:      # alive together
+                gap = offs[p] - top
+                if gap >= size[b] and gap < best_gap:
+                    best, best_gap = top, gap
+                if offs[p] + size[p] > top:
+                    top = offs[p] + size[p]
         offs[b] = best if best >= 0 else top
         if offs[b] + size[b] > high:
             high = offs[b] + size[b]
-        placed[n_placed] = b
+        i = n_placed
+        while i > 0 and offs[placed[i - 1]] > offs[b]:
+            placed[i] = placed[i - 1]
+            i -= 1
+        placed[i] = b
         n_placed += 1
     return offs, high
 

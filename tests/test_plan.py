@@ -338,17 +338,40 @@ def test_softmax_and_its_gradient_write_over_a_dying_source_with_the_same_bits(d
     assert over["softmax_d"] or over["log_softmax_d"]
 
 
-def test_the_passes_sort_is_numpys_stable_argsort():
-    """_sort.argsort_stable (the one sort the jitted passes use) orders like numpy's
-    kind="stable": ties (many, from a narrow key range) keep their order; empty and
-    single-key arrays, negative and huge keys."""
-    from jitgraph._sort import argsort_stable
-    rng = np.random.default_rng(7)
-    for n in (0, 1, 2, 3, 5, 64, 1000, 1025):
-        for lo, hi in ((-3, 3), (-2**62, 2**62)):
-            keys = rng.integers(lo, hi, n)
-            np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
-    np.testing.assert_array_equal(argsort_stable(np.arange(10)[::-1].copy()), np.arange(10)[::-1])
-    for keys in (np.arange(1000), np.arange(1000)[::-1].copy(), np.repeat(np.arange(50)[::-1], 40),
-                 np.concatenate([np.arange(500), np.arange(500)])):      # sorted, reversed, tied runs, two runs
-        np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
+def _pack_reference(start, end, size):
+    """greedy by size in plain Python over numpy's stable argsort: what plan._pack must equal"""
+    by_size = np.argsort(-(size * (end.max() + 2) + (end - start)), kind="stable")
+    offs, placed, high = np.zeros(size.size, np.int64), [], 0
+    for b in by_size:
+        near = sorted(((offs[p], offs[p] + size[p]) for p in placed
+                       if start[p] <= end[b] and start[b] <= end[p]), key=lambda r: r[0])
+        best, best_gap, top = -1, None, 0
+        for lo, hi in near:
+            gap = lo - top
+            if gap >= size[b] and (best_gap is None or gap < best_gap):
+                best, best_gap = top, gap
+            top = max(top, hi)
+        offs[b] = best if best >= 0 else top
+        high = max(high, offs[b] + size[b])
+        placed.append(b)
+    return offs, high
+
+
+def test_pack_is_greedy_by_size_and_never_overlaps_live_buffers():
+    """plan._pack (insertion-ordered, no sort template) places like the reference greedy-by-size
+    packer -- ties in size and lifetime included -- and no two buffers alive together share bytes."""
+    from jitgraph.plan import _pack
+    rng = np.random.default_rng(11)
+    for case in range(300):
+        nb = int(rng.integers(1, 40))
+        start = rng.integers(0, 30, nb)
+        end = start + rng.integers(0, 12, nb)
+        size = rng.choice([64, 128, 256, 4096], nb) if case % 2 else rng.integers(1, 5000, nb)
+        offs, high = _pack(start, end, size)
+        ref_offs, ref_high = _pack_reference(start, end, size)
+        np.testing.assert_array_equal(offs, ref_offs)
+        assert high == ref_high == (offs + size).max()
+        for a in range(nb):
+            for b in range(a + 1, nb):
+                if start[a] <= end[b] and start[b] <= end[a]:
+                    assert offs[a] + size[a] <= offs[b] or offs[b] + size[b] <= offs[a]
