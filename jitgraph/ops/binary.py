@@ -57,7 +57,7 @@ def _binary(code: int, what: str, a: Operand, b: Operand) -> Tensor:
 @njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
 def _kept(f, y, xa, xb, c, which):
     """In place for an f that returns an argument on some branch (maximum: a or b): through a
-    block in cache, stored whole, not LLVM's masked stores (see unary._map).  which: 0
+    block in cache, stored whole, not LLVM's masked stores (see unary._map_keeping).  which: 0
     f(xa, xb), 1 f(xa, c), 2 f(c, xb); y is xa or xb."""
     m = y.size
     block = np.empty(min(KEEP_BLOCK, m), y.dtype)
@@ -81,7 +81,7 @@ def _kept(f, y, xa, xb, c, which):
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
-def _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps=False):
+def _run(f, out, o, a, ia, sa, b, ib, sb, m):
     """out[o+j] = f(a[ia+j*sa], b[ib+j*sb]) for j < m (f: an op's element function);
     strides are 0 (broadcast) or 1.  Each case is its own loop over slices indexed from 0 (an index LLVM cannot prove
     non-negative keeps Numba's wraparound test and stops vectorization), and running in
@@ -90,9 +90,7 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps=False):
     if sa == 1 and sb == 1:
         xa = a[ia:ia + m]
         xb = b[ib:ib + m]
-        if keeps and m > 0 and (same_data(y, xa) or same_data(y, xb)):
-            _kept(f, y, xa, xb, xa[0], 0)
-        elif same_data(y, xa):
+        if same_data(y, xa):
             for j in range(m):
                 y[j] = f(y[j], xb[j])
         elif same_data(y, xb):
@@ -104,9 +102,7 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps=False):
     elif sa == 1:
         xa = a[ia:ia + m]
         c = b[ib]
-        if keeps and same_data(y, xa):
-            _kept(f, y, xa, xa, c, 1)
-        elif same_data(y, xa):
+        if same_data(y, xa):
             for j in range(m):
                 y[j] = f(y[j], c)
         else:
@@ -115,9 +111,7 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps=False):
     elif sb == 1:
         xb = b[ib:ib + m]
         c = a[ia]
-        if keeps and same_data(y, xb):
-            _kept(f, y, xb, xb, c, 2)
-        elif same_data(y, xb):
+        if same_data(y, xb):
             for j in range(m):
                 y[j] = f(c, y[j])
         else:
@@ -127,6 +121,22 @@ def _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps=False):
         c = f(a[ia], b[ib])
         for j in range(m):
             y[j] = c
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
+def _run_keeping(f, out, o, a, ia, sa, b, ib, sb, m):
+    """_run for an f that returns an argument on some branch (maximum, minimum): in place
+    through _kept's block, otherwise _run.  Its own function, not a flag of _run: Numba
+    compiles both branches of a flag, and every other op would pay for _kept's loops."""
+    y = out[o:o + m]
+    if sa == 1 and sb == 1 and m > 0 and (same_data(y, a[ia:ia + m]) or same_data(y, b[ib:ib + m])):
+        _kept(f, y, a[ia:ia + m], b[ib:ib + m], a[ia], 0)
+    elif sa == 1 and sb == 0 and same_data(y, a[ia:ia + m]):
+        _kept(f, y, a[ia:ia + m], a[ia:ia + m], b[ib], 1)
+    elif sa == 0 and sb == 1 and same_data(y, b[ib:ib + m]):
+        _kept(f, y, b[ib:ib + m], b[ib:ib + m], a[ia], 2)
+    else:
+        _run(f, out, o, a, ia, sa, b, ib, sb, m)
 
 
 @njit(cache=True, error_model="numpy")
@@ -151,9 +161,10 @@ def row_offset(shape, n, r, s0, s1, s2):
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def binary(v, n, f, lo, hi, keeps=False):
-    """Run node n over elements [lo, hi): f(a, b) with broadcasting, f an op's element
-    function (njit, inlined: each op compiles its own loops, with its own math only)."""
+def _rows(v, n, f, lo, hi, run):
+    """Run node n over elements [lo, hi): run(f, ...) (_run or _run_keeping) over each
+    stretch of n's broadcast operands, f an op's element function (njit, inlined: each op
+    compiles its own loops, with its own math only)."""
     out = output(v, n)
     a = operand(v, n, 0)
     b = operand(v, n, 1)
@@ -165,7 +176,7 @@ def binary(v, n, f, lo, hi, keeps=False):
     inner = shape[n, 3]
     flat = (a.size == size or a.size == 1) and (b.size == size or b.size == 1)
     r0, r1 = (0, 1) if flat else (lo // inner, (hi + inner - 1) // inner)     # the rows [lo, hi) touches
-    for r in range(r0, r1):                   # one call site: _run's loops are inlined once
+    for r in range(r0, r1):                   # one call site: the loops are inlined once
         if flat:                              # same size or a scalar: one stretch
             o, m = lo, hi - lo
             sa = 1 if a.size == size else 0
@@ -177,17 +188,36 @@ def binary(v, n, f, lo, hi, keeps=False):
             sa, sb = a3, b3
             ia = row_offset(shape, n, r, a0, a1, a2) + j0 * a3
             ib = row_offset(shape, n, r, b0, b1, b2) + j0 * b3
-        _run(f, out, o, a, ia, sa, b, ib, sb, m, keeps)
+        run(f, out, o, a, ia, sa, b, ib, sb, m)
     return OK
 
 
-@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see binary)
-def binary_chunk(v, n, f, m, keeps=False):
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see _rows)
+def binary(v, n, f, lo, hi):
+    """Node n over elements [lo, hi): f(a, b) with numpy broadcasting."""
+    return _rows(v, n, f, lo, hi, _run)
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see _rows)
+def binary_keeping(v, n, f, lo, hi):
+    """binary for an f that returns one of its arguments on some branch (see _run_keeping)."""
+    return _rows(v, n, f, lo, hi, _run_keeping)
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see _rows)
+def binary_chunk(v, n, f, m):
     """A group's chunk of node n (ops/group.py): f over the m elements at the chunk's
     addresses, its operands already broadcast.  An op's chunk runner, compiled only for
     programs that fuse it."""
-    _run(f, chunk_operand(v, 0, m), 0, chunk_operand(v, 1, m), 0, 1, chunk_operand(v, 2, m), 0, 1, m, keeps)
+    _run(f, chunk_operand(v, 0, m), 0, chunk_operand(v, 1, m), 0, 1, chunk_operand(v, 2, m), 0, 1, m)
     return OK                                 # _run: one array when the group writes over a dying input
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see _rows)
+def binary_chunk_keeping(v, n, f, m):
+    """binary_chunk for an f that returns one of its arguments (see _run_keeping)."""
+    _run_keeping(f, chunk_operand(v, 0, m), 0, chunk_operand(v, 1, m), 0, 1, chunk_operand(v, 2, m), 0, 1, m)
+    return OK
 
 
 # Rules give a contribution in n's (broadcast) shape; the backward pass sums it down to the

@@ -7,7 +7,7 @@ from ..errors import GraphError
 from ..graph import Tensor, as_numeric_array
 from ..ir import MAX_DIMS
 
-KEEP_BLOCK = 256    # elements an in-place loop of a value-keeping op computes before storing them (unary._map)
+KEEP_BLOCK = 256    # elements an in-place loop of a value-keeping op computes before storing them (unary._map_keeping)
 
 
 def is_scalar(x):

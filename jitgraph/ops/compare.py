@@ -14,7 +14,7 @@ from ..registry import (ELEMENTWISE, EQUAL, GREATER, GREATER_EQUAL, LESS, LESS_E
                         defop)
 from ..rules import op
 from ..vmath import like
-from .binary import _binary, binary, binary_chunk
+from .binary import _binary, binary, binary_chunk, binary_chunk_keeping, binary_keeping
 
 
 # ---- maximum and minimum ----------------------------------------------------------------------------
@@ -30,11 +30,11 @@ def _maximum(x, y):
 
 
 def _run_maximum(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, _maximum, lo, hi, True)     # keeps an input (unary._map)
+    return binary_keeping(run_view(ctx, mem, store), n, _maximum, lo, hi)     # returns an input (unary._map_keeping)
 
 
 def _chunk_maximum(n, lo, hi, ctx, mem, store):
-    return binary_chunk(run_view(ctx, mem, store), n, _maximum, hi, True)
+    return binary_chunk_keeping(run_view(ctx, mem, store), n, _maximum, hi)
 
 
 defop(MAXIMUM, "maximum", maximum, _run_maximum, arity=2, kind=ELEMENTWISE, chunk=_chunk_maximum,
@@ -53,11 +53,11 @@ def _minimum(x, y):
 
 
 def _run_minimum(n, lo, hi, ctx, mem, store):
-    return binary(run_view(ctx, mem, store), n, _minimum, lo, hi, True)     # keeps an input (unary._map)
+    return binary_keeping(run_view(ctx, mem, store), n, _minimum, lo, hi)     # returns an input (unary._map_keeping)
 
 
 def _chunk_minimum(n, lo, hi, ctx, mem, store):
-    return binary_chunk(run_view(ctx, mem, store), n, _minimum, hi, True)
+    return binary_chunk_keeping(run_view(ctx, mem, store), n, _minimum, hi)
 
 
 defop(MINIMUM, "minimum", minimum, _run_minimum, arity=2, kind=ELEMENTWISE, chunk=_chunk_minimum,

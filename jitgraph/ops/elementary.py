@@ -17,7 +17,7 @@ from ..registry import CLIP, CLIP_MASK, COS, ELEMENTWISE, POW, SIN, SOFTPLUS, ZE
 from ..rules import either, op
 from ..vmath import like
 from .common import is_scalar, need_tensor
-from .unary import _unary, unary, unary_chunk
+from .unary import _unary, unary, unary_chunk, unary_chunk_keeping, unary_keeping
 
 
 class PowFP(IntEnum):
@@ -128,11 +128,11 @@ def _clip(a, p0, p1):
 
 
 def _run_clip(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, _clip, lo, hi, True)     # keeps its input (unary._map)
+    return unary_keeping(run_view(ctx, mem, store), n, _clip, lo, hi)     # returns its input (unary._map_keeping)
 
 
 def _chunk_clip(n, lo, hi, ctx, mem, store):
-    return unary_chunk(run_view(ctx, mem, store), n, _clip, hi, True)
+    return unary_chunk_keeping(run_view(ctx, mem, store), n, _clip, hi)
 
 
 defop(CLIP, "clip", clip, _run_clip, arity=1, kind=ELEMENTWISE, chunk=_chunk_clip, flops=2, fp=ClipFP,

@@ -37,23 +37,10 @@ def _unary(code: int, what: str, t: Tensor, fp: tuple = ()) -> Tensor:
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
-def _map(f, y, x, p0, p1, keeps=False):
+def _map(f, y, x, p0, p1):
     """y[i] = f(x[i], p0, p1) over arrays indexed from 0 (no wraparound test, so the loops
-    vectorize); in place, one array (LLVM's overlap check would pick its scalar loop).
-
-    ``keeps``: f returns its argument on some branch (relu: x or 0).  In place, LLVM then
-    stores only where the value changes -- masked stores (vmaskmovps), which AMD's Zen 3
-    runs ~4x slower than plain ones -- so blocks of KEEP_BLOCK go through a buffer in cache
-    and are stored whole: the same values, 0.14 instead of 0.47-0.68 ns an element."""
-    if same_data(y, x) and keeps:
-        block = np.empty(min(KEEP_BLOCK, y.size), y.dtype)
-        for s in range(0, y.size, KEEP_BLOCK):
-            part = y[s:s + KEEP_BLOCK]
-            for i in range(part.size):
-                block[i] = f(part[i], p0, p1)
-            for i in range(part.size):
-                part[i] = block[i]
-    elif same_data(y, x):
+    vectorize); in place, one array (LLVM's overlap check would pick its scalar loop)."""
+    if same_data(y, x):
         for i in range(y.size):
             y[i] = f(y[i], p0, p1)
     else:
@@ -61,24 +48,60 @@ def _map(f, y, x, p0, p1, keeps=False):
             y[i] = f(x[i], p0, p1)
 
 
+@njit(cache=True, error_model="numpy", inline="always")   # f a function argument: inlined, or uncacheable
+def _map_keeping(f, y, x, p0, p1):
+    """_map for an f that returns its argument on some branch (relu: x or 0).  In place,
+    LLVM then stores only where the value changes -- masked stores (vmaskmovps), which
+    AMD's Zen 3 runs ~4x slower than plain ones -- so blocks of KEEP_BLOCK go through a
+    buffer in cache and are stored whole: the same values, 0.14 instead of 0.47-0.68 ns an
+    element.  Its own function, not a flag of _map: Numba compiles both branches of a flag."""
+    if same_data(y, x):
+        block = np.empty(min(KEEP_BLOCK, y.size), y.dtype)
+        for s in range(0, y.size, KEEP_BLOCK):
+            part = y[s:s + KEEP_BLOCK]
+            for i in range(part.size):
+                block[i] = f(part[i], p0, p1)
+            for i in range(part.size):
+                part[i] = block[i]
+    else:
+        for i in range(y.size):
+            y[i] = f(x[i], p0, p1)
+
+
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined, or passing it costs ~40 ns
-def unary(v, n, f, lo, hi, keeps=False):
+def unary(v, n, f, lo, hi):
     """Run node n over elements [lo, hi): out[i] = f(x[i], p0, p1), with f an op's
     element function (njit, inlined: a distinct function makes a distinct loop, so an
-    op's runner compiles its own math only); ``keeps``: see _map."""
+    op's runner compiles its own math only)."""
     # the family's convention: an element function takes the node's two float parameters in
     # slot order (its op's fp declaration names them)
     out = output(v, n)
     lo, hi = span(lo, hi, out.size)
-    _map(f, out[lo:hi], operand(v, n, 0)[lo:hi], v.fp[n, 0], v.fp[n, 1], keeps)
+    _map(f, out[lo:hi], operand(v, n, 0)[lo:hi], v.fp[n, 0], v.fp[n, 1])
     return OK
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see unary)
-def unary_chunk(v, n, f, m, keeps=False):
+def unary_keeping(v, n, f, lo, hi):
+    """unary for an f that returns its argument on some branch (see _map_keeping)."""
+    out = output(v, n)
+    lo, hi = span(lo, hi, out.size)
+    _map_keeping(f, out[lo:hi], operand(v, n, 0)[lo:hi], v.fp[n, 0], v.fp[n, 1])
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see unary)
+def unary_chunk(v, n, f, m):
     """A group's chunk of node n (ops/group.py): y[i] = f(x[i], p0, p1) for the m elements at
     the chunk's addresses.  An op's chunk runner, compiled only for programs that fuse it."""
-    _map(f, chunk_operand(v, 0, m), chunk_operand(v, 1, m), v.fp[n, 0], v.fp[n, 1], keeps)
+    _map(f, chunk_operand(v, 0, m), chunk_operand(v, 1, m), v.fp[n, 0], v.fp[n, 1])
+    return OK
+
+
+@njit(cache=True, error_model="numpy", inline="always")   # takes the run view: inlined (see unary)
+def unary_chunk_keeping(v, n, f, m):
+    """unary_chunk for an f that returns its argument (see _map_keeping)."""
+    _map_keeping(f, chunk_operand(v, 0, m), chunk_operand(v, 1, m), v.fp[n, 0], v.fp[n, 1])
     return OK
 
 
@@ -232,11 +255,11 @@ def _relu(a, p0, p1):
 
 
 def _run_relu(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, _relu, lo, hi, True)    # keeps its input (see _map)
+    return unary_keeping(run_view(ctx, mem, store), n, _relu, lo, hi)    # returns its input (see _map_keeping)
 
 
 def _chunk_relu(n, lo, hi, ctx, mem, store):
-    return unary_chunk(run_view(ctx, mem, store), n, _relu, hi, True)
+    return unary_chunk_keeping(run_view(ctx, mem, store), n, _relu, hi)
 
 
 defop(RELU, "relu", relu, _run_relu, arity=1, kind=ELEMENTWISE, chunk=_chunk_relu,
@@ -566,11 +589,11 @@ def _leaky_relu(a, p0, p1):
 
 
 def _run_leaky_relu(n, lo, hi, ctx, mem, store):
-    return unary(run_view(ctx, mem, store), n, _leaky_relu, lo, hi, True)    # keeps its input (see _map)
+    return unary_keeping(run_view(ctx, mem, store), n, _leaky_relu, lo, hi)    # returns its input (see _map_keeping)
 
 
 def _chunk_leaky_relu(n, lo, hi, ctx, mem, store):
-    return unary_chunk(run_view(ctx, mem, store), n, _leaky_relu, hi, True)
+    return unary_chunk_keeping(run_view(ctx, mem, store), n, _leaky_relu, hi)
 
 
 defop(LEAKY_RELU, "leaky_relu", leaky_relu, _run_leaky_relu, arity=1, kind=ELEMENTWISE, chunk=_chunk_leaky_relu,
