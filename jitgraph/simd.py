@@ -198,23 +198,42 @@ def fma_tile(MR: int, R: int, V: int, vbytes: int, rows: int = 1):
     return tile
 
 
-def _hsum(builder, vec, lanes):
-    """The lanes of ``vec`` added pairwise in a fixed order (a tree)."""
-    parts = [builder.extract_element(vec, I32(k)) for k in range(lanes)]
-    while len(parts) > 1:
-        parts = [builder.fadd(parts[k], parts[k + 1]) if k + 1 < len(parts) else parts[k]
-                 for k in range(0, len(parts), 2)]
-    return parts[0]
+def _hsums(builder, vecs, lanes, zero):
+    """The lanes of each vector of ``vecs`` added pairwise in a fixed tree ((a0 + a1) + (a2 +
+    a3) ...), all vectors at once: each level adds the even and odd lanes of two vectors into
+    one, so 16 vectors of 16 lanes take 15 shuffle pairs and adds, not 16 x 15 scalar ones
+    (lanes a power of two).  Returns the sums as scalars, in the order of ``vecs``."""
+    count = vecs[0].type.count
+    level = [(v, [(q, 0)]) for q, v in enumerate(vecs)]   # (vector, what its segments sum: (vector index, 0))
+    seg = lanes
+    evens = ir.Constant(ir.VectorType(I32, count), list(range(0, 2 * count, 2)))
+    odds = ir.Constant(ir.VectorType(I32, count), list(range(1, 2 * count, 2)))
+    while seg > 1:
+        if len(level) % 2:
+            level.append((zero, [(-1, 0)] * len(level[0][1])))
+        nxt = []
+        for k in range(0, len(level), 2):
+            (a, sa), (b, sb) = level[k], level[k + 1]
+            nxt.append((builder.fadd(builder.shuffle_vector(a, b, evens), builder.shuffle_vector(a, b, odds)), sa + sb))
+        level, seg = nxt, seg // 2
+    sums = {}
+    for v, segs in level:
+        for lane, (q, _) in enumerate(segs):
+            if q >= 0:
+                sums[q] = builder.extract_element(v, I32(lane))
+    return [sums[q] for q in range(len(vecs))]
 
 
-def dot_tile(MR: int, NK: int, vbytes: int):
+def dot_tile(MR: int, NK: int, vbytes: int, paired: bool = False):
     """The intrinsic ``tile(g, x, o, xoff, ooff, mv, kv, gm, om, n_img, g_img, x_img, n_rows, g_row,
     x_row, width)``: for m < mv, k < kv (at most MR, NK),
     ``o[m*om + ooff[k]] += sum over images, rows and the ``width`` columns of a row of
     g[img*g_img + m*gm + row*g_row + col] * x[img*x_img + xoff[k] + row*x_row + col]``,
     where ``xoff`` and ``ooff`` are tuples of NK int64 offsets; width >= lanes.  Rows
     m >= mv are read from row mv - 1 and not stored, nor are taps k >= kv (the caller
-    gives them the offsets of a valid tap)."""
+    gives them the offsets of a valid tap).  ``paired``: rows of half a vector
+    (width = g_row = lanes / 2, n_rows even), each vector two rows -- g's two rows one
+    load, x's two halves -- so an 8-wide float32 plane fills 512-bit lanes."""
     @intrinsic
     def tile(typingctx, g, x, o, xoff, ooff, mv, kv, gm, om, n_img, g_img, x_img, n_rows, g_row, x_row, width):
         sig = types.void(g, x, o, xoff, ooff, mv, kv, gm, om, n_img, g_img, x_img, n_rows, g_row, x_row, width)
@@ -246,17 +265,19 @@ def dot_tile(MR: int, NK: int, vbytes: int):
                     xs = [builder.select(keep, v, zero) for v in xs]
                 return [builder.call(fma, [gs[m], xs[k], accs[m * NK + k]]) for m in range(MR) for k in range(NK)]
 
-            def over_img(n, accs, vectors):
+            def paired_step(accs, go, xo):
+                gs = [builder.load(_at(builder, gbase[m], go, vt), align=size) for m in range(MR)]
+                xs = [_rows_load(builder, [builder.gep(xbase[k], [xo]), builder.gep(xbase[k], [builder.add(xo, x_row)])],
+                                 vt, size) for k in range(NK)]
+                return [builder.call(fma, [gs[m], xs[k], accs[m * NK + k]]) for m in range(MR) for k in range(NK)]
+
+            def over_img(n, accs):
                 gi = builder.mul(n, g_img)
                 xi = builder.mul(n, x_img)
 
                 def over_row(r, accs):
                     gr = builder.add(gi, builder.mul(r, g_row))
                     xr = builder.add(xi, builder.mul(r, x_row))
-                    if vectors:                        # rows of exactly 1 or 2 vectors: no inner loop
-                        for v in range(vectors):
-                            accs = step(accs, builder.add(gr, I64(v * lanes)), builder.add(xr, I64(v * lanes)), False)
-                        return accs
 
                     def over_vec(v, accs):
                         col = builder.mul(v, I64(lanes))
@@ -265,26 +286,56 @@ def dot_tile(MR: int, NK: int, vbytes: int):
                     return _loop(builder, tail, accs,
                                  lambda _, accs: step(accs, builder.add(gr, tail_at), builder.add(xr, tail_at), True))
                 return _loop(builder, n_rows, accs, over_row)
+
+            def flat(rows, g_step, x_step, body):
+                """body(accs, g offset, x offset) over every image's rows in one loop (an image's
+                few rows as an inner loop: a mispredicted exit every 4-16 steps), the offsets
+                stepped to the next image by a select."""
+                g_next = builder.sub(g_img, builder.mul(builder.sub(rows, I64(1)), g_step))
+                x_next = builder.sub(x_img, builder.mul(builder.sub(rows, I64(1)), x_step))
+
+                def over(_, carried):
+                    r, go, xo = carried[:3]
+                    accs = body(carried[3:], go, xo)
+                    r = builder.add(r, I64(1))
+                    wrap = builder.icmp_signed("==", r, rows)
+                    return [builder.select(wrap, I64(0), r), builder.add(go, builder.select(wrap, g_next, g_step)),
+                            builder.add(xo, builder.select(wrap, x_next, x_step))] + accs
+                return _loop(builder, builder.mul(n_img, rows), [I64(0), I64(0), I64(0)] + [zero] * (MR * NK),
+                             over)[3:]
+
+            def row_of(vectors):
+                def body(accs, go, xo):
+                    for v in range(vectors):
+                        accs = step(accs, builder.add(go, I64(v * lanes)), builder.add(xo, I64(v * lanes)), False)
+                    return accs
+                return body
             fn = builder.function
-            one, two, wide, join = (fn.append_basic_block(name) for name in ("dot.one", "dot.two", "dot.wide",
-                                                                              "dot.join"))
-            second = fn.append_basic_block("dot.test")
-            builder.cbranch(builder.icmp_signed("==", width, I64(lanes)), one, second)
-            builder.position_at_end(second)
-            builder.cbranch(builder.icmp_signed("==", width, I64(2 * lanes)), two, wide)
-            ends = []
-            for block, vectors in ((one, 1), (two, 2), (wide, 0)):
-                builder.position_at_end(block)
-                got = _loop(builder, n_img, [zero] * (MR * NK), lambda n, accs: over_img(n, accs, vectors))
-                ends.append((builder.block, got))
-                builder.branch(join)
-            builder.position_at_end(join)
-            accs = []
-            for q in range(MR * NK):
-                phi = builder.phi(vt)
-                for block, got in ends:
-                    phi.add_incoming(got[q], block)
-                accs.append(phi)
+            if paired:
+                accs = flat(builder.sdiv(n_rows, I64(2)), builder.mul(g_row, I64(2)), builder.mul(x_row, I64(2)),
+                            paired_step)
+            else:
+                one, two, wide, join = (fn.append_basic_block(name) for name in ("dot.one", "dot.two", "dot.wide",
+                                                                                  "dot.join"))
+                second = fn.append_basic_block("dot.test")
+                builder.cbranch(builder.icmp_signed("==", width, I64(lanes)), one, second)
+                builder.position_at_end(second)
+                builder.cbranch(builder.icmp_signed("==", width, I64(2 * lanes)), two, wide)
+                ends = []
+                for block, vectors in ((one, 1), (two, 2), (wide, 0)):
+                    builder.position_at_end(block)
+                    got = flat(n_rows, g_row, x_row, row_of(vectors)) if vectors else \
+                        _loop(builder, n_img, [zero] * (MR * NK), lambda n, accs: over_img(n, accs))
+                    ends.append((builder.block, got))
+                    builder.branch(join)
+                builder.position_at_end(join)
+                accs = []
+                for q in range(MR * NK):
+                    phi = builder.phi(vt)
+                    for block, got in ends:
+                        phi.add_incoming(got[q], block)
+                    accs.append(phi)
+            sums = _hsums(builder, accs, lanes, zero)
             for m in range(MR):
                 for k in range(NK):
                     store = fn.append_basic_block("dot.store")
@@ -293,7 +344,7 @@ def dot_tile(MR: int, NK: int, vbytes: int):
                     builder.cbranch(ok, store, after)
                     builder.position_at_end(store)
                     ptr = builder.gep(o, [builder.add(builder.mul(I64(m), om), builder.extract_value(ooff, k))])
-                    builder.store(builder.fadd(builder.load(ptr), _hsum(builder, accs[m * NK + k], lanes)), ptr)
+                    builder.store(builder.fadd(builder.load(ptr), sums[m * NK + k]), ptr)
                     builder.branch(after)
                     builder.position_at_end(after)
             return context.get_dummy_value()

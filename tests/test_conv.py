@@ -11,7 +11,7 @@ import jitgraph.registry  # noqa: F401 -- jg.registry
 from jitgraph.native import data_pointer
 from jitgraph.ops import conv as conv_module
 from jitgraph.ops.windows import col2im, im2col
-from jitgraph.ops.conv import TILE_SHAPES, _fma, conv2d_weight, lanes, pick_tile
+from jitgraph.ops.conv import TILE_SHAPES, _fma, conv2d_weight, lanes, pick_tile, weight_tile
 from jitgraph.simd import VECTOR_BYTES, WIDE_BYTES
 
 from .naive import col2im_ref, conv2d_weight_ref, im2col_ref
@@ -319,6 +319,30 @@ def test_weight_gradient_op_matches_numpy(flip):
     out = conv2d_weight(gt, xt, (3, 3), 1, 2, flip)
     got = jg.build_forward(out).run({gt: g, xt: xp})
     np.testing.assert_allclose(got, conv2d_weight_ref(g, xp, (3, 3), 1, 2, flip), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flip", [False, True])
+def test_every_weight_gradient_tile_matches_numpy(dtype, flip):
+    """Planes of every width class: half a 512-bit vector with an even and an odd number of rows
+    (two rows a vector, or 256-bit lanes), one and two vectors, a tail, scalars; 6 gradient
+    rows (a partial block of 4) and 5 x 9 taps (a partial step)."""
+    half = 32 // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(4)
+    shapes = [(6, half), (7, half), (4, 2 * half), (3, 4 * half), (5, 2 * half + 3), (4, 3)]
+    for OH, OW in shapes:
+        xp = rng.standard_normal((3, 5, OH + 2, OW + 2))
+        g = rng.standard_normal((3, 6, OH, OW))
+        graph = jg.Graph(dtype)
+        gt, xt = graph.input(g.shape), graph.input(xp.shape)
+        got = jg.build_forward(conv2d_weight(gt, xt, (3, 3), flip=flip)).run({gt: g, xt: xp})
+        want = conv2d_weight_ref(g.astype(dtype).astype(np.float64), xp.astype(dtype).astype(np.float64), (3, 3),
+                                 1, 1, flip)
+        tol = 1e-12 if dtype == np.float64 else 2e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=f"{OH}x{OW}")
+    size = np.dtype(dtype).itemsize       # which tiles those planes take with 512-bit tiles (run above on such a host)
+    assert [weight_tile(h, w, size, True) for h, w in shapes] == [3, 0, 2, 2, 2, 1]
+    assert [weight_tile(h, w, size, False) for h, w in shapes] == [0, 0, 0, 0, 0, 1]
 
 
 def _resnet_block_loss(dtype, checkpoints=None):

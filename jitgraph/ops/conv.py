@@ -428,8 +428,23 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
 
 
 # 4 rows x 3 taps of 256-bit partial sums (12 accumulators fit AVX2's 16 registers; 4 x 4
-# spilled: a ResNet layer's weight gradient 1.6x slower, Zen 3), 4 x 4 scalars or 512-bit ones
-D0, D1, D2 = dot_tile(4, 3, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES)
+# spilled: a ResNet layer's weight gradient 1.6x slower, Zen 3), 4 x 4 scalars or 512-bit ones;
+# D3: 512-bit ones over planes half a vector wide, two rows a vector (8 x 8 float32: 256-bit
+# lanes ran at half the FMA width, 84 GFLOP/s where oneDNN makes 188, Intel Xeon model 207)
+D0, D1, D2, D3 = dot_tile(4, 3, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES), \
+    dot_tile(4, 4, WIDE_BYTES, paired=True)
+
+
+@njit(cache=True, error_model="numpy")
+def weight_tile(OH, OW, itemsize, wide):
+    """The tile of a weight gradient over OH x OW planes: D2 (rows of 512-bit vectors), D3 (two
+    rows a 512-bit vector), D0 (256-bit) or D1 (scalars); ``wide``: 512-bit tiles may be used."""
+    wide_lanes = WIDE_BYTES // itemsize
+    if wide and OW >= wide_lanes:
+        return 2
+    if wide and 2 * OW == wide_lanes and OH % 2 == 0:
+        return 3
+    return 0 if OW >= VECTOR_BYTES // itemsize else 1
 
 
 @njit(cache=True, error_model="numpy")
@@ -472,7 +487,7 @@ def weight_blocks(v, n, lo, hi):
     lo, hi = span(lo, hi, groups * n_m)
     # 512-bit lanes (with AVX-512) change the order of a sum's partial sums: the bits differ
     # from another host's, never between runs, thread counts or checkpointed recomputations
-    tile = 2 if WIDE and OW >= WIDE_BYTES // v.mem.itemsize else 0 if OW >= VECTOR_BYTES // v.mem.itemsize else 1
+    tile = weight_tile(OH, OW, v.mem.itemsize, WIDE)
     om = Cr * T if mode == FWD else T     # FWD: out[co, c, i, j], rows co; FLIP: out[co, c, ...], rows c
     chunk = max(1, CHUNK_BYTES // ((Cr * S_in * Hp * Wp + 4 * S_g * OH * OW) * v.mem.itemsize))
     g, x, out = operand(v, n, 0), operand(v, n, 1), output(v, n)
@@ -506,7 +521,10 @@ def weight_blocks(v, n, lo, hi):
                                       tj, Mg, mode)
                         # the tiles called here, not through a dispatcher like _fma: a call to one
                         # made the weight gradient 4-5% slower (ResNet-32, side by side)
-                        if tile == 2:
+                        if tile == 3:
+                            D3(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
+                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
+                        elif tile == 2:
                             D2(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
                                Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
                         elif tile == 0:
