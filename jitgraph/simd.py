@@ -267,8 +267,9 @@ def dot_tile(MR: int, NK: int, vbytes: int, paired: bool = False):
 
             def paired_step(accs, go, xo):
                 gs = [builder.load(_at(builder, gbase[m], go, vt), align=size) for m in range(MR)]
-                xs = [_rows_load(builder, [builder.gep(xbase[k], [xo]), builder.gep(xbase[k], [builder.add(xo, x_row)])],
-                                 vt, size) for k in range(NK)]
+                xs = [_rows_load(builder, [builder.gep(xbase[k], [xo]),
+                                           builder.gep(xbase[k], [builder.add(xo, x_row)])], vt, size)
+                      for k in range(NK)]
                 return [builder.call(fma, [gs[m], xs[k], accs[m * NK + k]]) for m in range(MR) for k in range(NK)]
 
             def over_img(n, accs):

@@ -428,11 +428,14 @@ def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, 
 
 
 # 4 rows x 3 taps of 256-bit partial sums (12 accumulators fit AVX2's 16 registers; 4 x 4
-# spilled: a ResNet layer's weight gradient 1.6x slower, Zen 3), 4 x 4 scalars or 512-bit ones;
-# D3: 512-bit ones over planes half a vector wide, two rows a vector (8 x 8 float32: 256-bit
-# lanes ran at half the FMA width, 84 GFLOP/s where oneDNN makes 188, Intel Xeon model 207)
-D0, D1, D2, D3 = dot_tile(4, 3, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 4, WIDE_BYTES), \
-    dot_tile(4, 4, WIDE_BYTES, paired=True)
+# spilled: a ResNet layer's weight gradient 1.6x slower, Zen 3), 4 x 4 scalars, 4 x 6 512-bit ones
+# (24 of AVX-512's 32 registers: 4 x 4 loaded 0.75 vectors an FMA, 4 x 6 0.67, and ran the
+# weight gradient of a 32 x 32 plane 1.24x, 16 x 16 1.23x faster; 5 x 5 and 6 x 4 fell between,
+# 4 x 7 spilled; Intel Xeon model 207); D3: 4 x 6 512-bit ones over planes half a vector wide,
+# two rows a vector (8 x 8 float32 ran at 256 bits, 84 GFLOP/s where oneDNN makes 188)
+D0, D1, D2, D3 = dot_tile(4, 3, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 6, WIDE_BYTES), \
+    dot_tile(4, 6, WIDE_BYTES, paired=True)
+WEIGHT_TILES = ((4, 3), (4, 4), (4, 6), (4, 6))     # (rows, taps) of D0 ... D3
 
 
 @njit(cache=True, error_model="numpy")
@@ -462,8 +465,8 @@ def _tap(t, q, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Cw, mode):
 
 @njit(cache=True, error_model="numpy")
 def weight_blocks(v, n, lo, hi):
-    """conv2d_weight: units are blocks of 4 rows (output channels, or input channels for
-    FLIP) of one group, each summed over every image and position in a fixed order."""
+    """conv2d_weight: units are blocks of a tile's rows (output channels, or input channels
+    for FLIP) of one group, each summed over every image and position in a fixed order."""
     gs, xs = v.src[n, 0], v.src[n, 1]
     N, Ci, Cg = v.shape[xs, 0], v.shape[xs, 1], v.shape[gs, 1]
     kh, kw = v.shape[n, 2], v.shape[n, 3]
@@ -480,21 +483,22 @@ def weight_blocks(v, n, lo, hi):
     if OH != Hp - Pi or OW != Wp - Pj or Cg % (S_g * groups) or Ci % (S_in * groups) or v.shape[gs, 0] != N \
             or v.shape[n, 0] != rows or v.shape[n, 1] != cols:
         return ERR_BAD_NODE
-    n_m = (Mg + 3) // 4
+    # 512-bit lanes (with AVX-512) change the order of a sum's partial sums: the bits differ
+    # from another host's, never between runs, thread counts or checkpointed recomputations
+    tile = weight_tile(OH, OW, v.mem.itemsize, WIDE)
+    MR, step = WEIGHT_TILES[tile]
+    n_m = (Mg + MR - 1) // MR
     if lo < 0:
         v.ctx[RUN_EXTENT] = groups * n_m
         return OK
     lo, hi = span(lo, hi, groups * n_m)
-    # 512-bit lanes (with AVX-512) change the order of a sum's partial sums: the bits differ
-    # from another host's, never between runs, thread counts or checkpointed recomputations
-    tile = weight_tile(OH, OW, v.mem.itemsize, WIDE)
     om = Cr * T if mode == FWD else T     # FWD: out[co, c, i, j], rows co; FLIP: out[co, c, ...], rows c
-    chunk = max(1, CHUNK_BYTES // ((Cr * S_in * Hp * Wp + 4 * S_g * OH * OW) * v.mem.itemsize))
+    chunk = max(1, CHUNK_BYTES // ((Cr * S_in * Hp * Wp + MR * S_g * OH * OW) * v.mem.itemsize))
     g, x, out = operand(v, n, 0), operand(v, n, 1), output(v, n)
     for u in range(lo, hi):
         grp = u // n_m
-        m0 = (u % n_m) * 4
-        mv = min(4, Mg - m0)
+        m0 = (u % n_m) * MR
+        mv = min(MR, Mg - m0)
         base = (grp * Mg + m0) * om if mode == FWD else grp * Cr * Mg * T + m0 * T
         for co in range(1 if mode == FWD else Cr):
             for q in range(mv * (om if mode == FWD else T)):
@@ -509,24 +513,25 @@ def weight_blocks(v, n, lo, hi):
                     K = Cr * n_i * n_j
                     ph = 0 if mode == FWD else a * sw + b
                     gp = data_pointer(g[((i0 * Cg) + (grp * Mg + m0) * S_g + ph) * OH * OW:])
-                    step = 3 if tile == 0 else 4          # taps a tile sums (D0: 3)
+                    # every tap's (input, output) offsets, padded to whole steps with the last tap
+                    xoffs, ooffs = np.empty(K + step, np.int64), np.empty(K + step, np.int64)
+                    for t in range(K + step):
+                        xoffs[t], ooffs[t] = _tap(min(t, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp,
+                                                  T, ti, tj, Mg, mode)
                     for t0 in range(0, K, step):
                         kv = min(step, K - t0)
-                        a0, b0 = _tap(t0, n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Mg, mode)
-                        a1, b1 = _tap(min(t0 + 1, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
-                                      tj, Mg, mode)
-                        a2, b2 = _tap(min(t0 + 2, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
-                                      tj, Mg, mode)
-                        a3, b3 = _tap(min(t0 + 3, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti,
-                                      tj, Mg, mode)
+                        a0, a1, a2, a3 = xoffs[t0], xoffs[t0 + 1], xoffs[t0 + 2], xoffs[t0 + 3]
+                        b0, b1, b2, b3 = ooffs[t0], ooffs[t0 + 1], ooffs[t0 + 2], ooffs[t0 + 3]
+                        a4, a5 = xoffs[min(t0 + 4, K + step - 1)], xoffs[min(t0 + 5, K + step - 1)]    # D2, D3's
+                        b4, b5 = ooffs[min(t0 + 4, K + step - 1)], ooffs[min(t0 + 5, K + step - 1)]
                         # the tiles called here, not through a dispatcher like _fma: a call to one
                         # made the weight gradient 4-5% slower (ResNet-32, side by side)
                         if tile == 3:
-                            D3(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
-                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
+                            D3(gp, xp, o, (a0, a1, a2, a3, a4, a5), (b0, b1, b2, b3, b4, b5), mv, kv, S_g * OH * OW,
+                               om, ni, Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
                         elif tile == 2:
-                            D2(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
-                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
+                            D2(gp, xp, o, (a0, a1, a2, a3, a4, a5), (b0, b1, b2, b3, b4, b5), mv, kv, S_g * OH * OW,
+                               om, ni, Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
                         elif tile == 0:
                             D0(gp, xp, o, (a0, a1, a2), (b0, b1, b2), mv, kv, S_g * OH * OW, om, ni,
                                Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
