@@ -186,7 +186,7 @@ LOWERINGS = {
     "4 ch x 2 rows x 2 wide vectors": ((1, 2, 3, 34), (4, 2, 2, 3), dict(padding=(1, 0))),
     "4 ch x 4 rows x 1 wide vector": ((2, 3, 6, 18), (4, 3, 3, 3), dict(padding=1)),
     "depthwise: 1 ch x 4 wide vectors": ((1, 2, 2, 66), (2, 1, 1, 3), dict(groups=2)),
-    "4 ch x 8 rows, two rows a wide vector": ((2, 3, 10, 10), (4, 3, 3, 3), dict(padding=1)),
+    "8 ch x 4 rows, two rows a wide vector": ((2, 3, 10, 10), (9, 3, 3, 3), dict(padding=1)),
     "4 ch x 2 rows x 2 vectors": ((2, 4, 5, 20), (5, 4, 3, 1), dict(padding=(1, 0))),
     "4 ch x 4 rows x 1 vector, dilated": ((1, 2, 12, 14), (6, 2, 2, 3), dict(padding=2, dilation=2)),
     "4 ch x 1 vector": ((2, 3, 3, 12), (4, 3, 2, 2), dict()),
@@ -244,10 +244,10 @@ def test_the_lowerings_reach_every_tile_shape():
 
 
 @njit(cache=True)
-def _tile_at(f, x, w, o, xat, oat, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow):
-    """One tile of kind f whose input starts ``xat`` and output ``oat`` elements in."""
-    _fma(f, data_pointer(x[xat:]), data_pointer(w), data_pointer(o[oat:]), n_i, n_j, n_c, xi, xj, xc, wi, wj, wc,
-         wm, xr, om, orow, 0)
+def _tile_at(f, x, w, o, xat, oat, wat, n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow):
+    """One tile of kind f whose input starts ``xat``, output ``oat`` and weights ``wat`` elements in."""
+    _fma(f, data_pointer(x[xat:]), data_pointer(w[wat:]), data_pointer(o[oat:]), n_i, n_j, n_c, xi, xj, xc, wi, wj,
+         wc, wm, xr, om, orow, 0)
 
 
 def _covers(f, itemsize):
@@ -260,28 +260,30 @@ def _covers(f, itemsize):
 @pytest.mark.parametrize("narrow,wide", [(3, 8), (3, 9), (3, 10), (5, 11), (3, 12)])
 def test_a_512_bit_tile_gives_the_bits_of_the_256_bit_tiles_it_replaces(dtype, narrow, wide):
     """Each output element is one fixed sequence of fused multiply-adds whatever the
-    vector width: a 512-bit tile (F12: two rows a vector) equals the 256-bit tiles that
-    cover the same outputs, bit for bit, and both equal the sum in numpy up to rounding."""
+    vector width: a 512-bit tile (F12: 8 channels, two rows a vector) equals the 256-bit
+    tiles that cover the same outputs and channels, bit for bit, and both equal the sum in
+    numpy up to rounding."""
     rng = np.random.default_rng(5)
     size = np.dtype(dtype).itemsize
     (rw, cw), (rn, cn) = _covers(wide, size), _covers(narrow, size)
-    assert rw % rn == 0 and cw % cn == 0 and TILE_SHAPES[wide][0] == TILE_SHAPES[narrow][0]
+    MR, MRn = TILE_SHAPES[wide][0], TILE_SHAPES[narrow][0]
+    assert rw % rn == 0 and cw % cn == 0 and MR % MRn == 0
     n_i, n_j, n_c = 3, 2, 5
     xr, orow = cw + 5, cw + 3                                   # row strides of the input and the output
     xi, xj, xc = xr, 1, (rw + n_i) * xr + 2                     # taps down, across; channels
     x = rng.standard_normal(n_c * xc).astype(dtype)
-    w = rng.standard_normal(4 * n_i * n_j * n_c).astype(dtype)
+    w = rng.standard_normal(MR * n_i * n_j * n_c).astype(dtype)
     wi, wj, wc, wm = n_j, 1, n_i * n_j, n_i * n_j * n_c
     om = rw * orow + 1
     args = (n_i, n_j, n_c, xi, xj, xc, wi, wj, wc, wm, xr, om, orow)
-    one, many = np.zeros(4 * om, dtype), np.zeros(4 * om, dtype)
-    _tile_at(wide, x, w, one, 0, 0, *args)
-    for r0 in range(0, rw, rn):
-        for c0 in range(0, cw, cn):
-            _tile_at(narrow, x, w, many, r0 * xr + c0, r0 * orow + c0, *args)
+    one, many = np.zeros(MR * om, dtype), np.zeros(MR * om, dtype)
+    _tile_at(wide, x, w, one, 0, 0, 0, *args)
+    for m0 in range(0, MR, MRn):
+        for r0 in range(0, rw, rn):
+            for c0 in range(0, cw, cn):
+                _tile_at(narrow, x, w, many, r0 * xr + c0, m0 * om + r0 * orow + c0, m0 * wm, *args)
     assert one.tobytes() == many.tobytes()
-    MR = TILE_SHAPES[wide][0]
-    want = np.zeros((4, om))
+    want = np.zeros((MR, om))
     for m in range(MR):
         for r in range(rw):
             for i in range(n_i):
@@ -290,7 +292,7 @@ def test_a_512_bit_tile_gives_the_bits_of_the_256_bit_tiles_it_replaces(dtype, n
                         s0 = i * xi + j * xj + c * xc + r * xr
                         want[m, r * orow:r * orow + cw] += (float(w[m * wm + i * wi + j * wj + c * wc])
                                                             * x[s0:s0 + cw].astype(np.float64))
-    np.testing.assert_allclose(one.reshape(4, om), want, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-4)
+    np.testing.assert_allclose(one.reshape(MR, om), want, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape,kw", [((2, 2, 5, 6), dict(padding=1)), ((2, 2, 5, 6), dict(stride=2, padding=1)),
