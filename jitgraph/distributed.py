@@ -439,19 +439,26 @@ class DataParallel:
         """After ``error`` in step k: replace the dead workers by copies of a live
         replica.  Returns the answers of the replicas that had taken the step (None in
         the others' places), or None if none had: the step is to be redone."""
-        alive = {}
-        for i, w in enumerate(self.workers):
+        while True:
+            alive = {}
+            for i, w in enumerate(self.workers):
+                try:
+                    alive[i] = ray.get(w.steps_done.remote())
+                except DIED:
+                    pass
+            if not alive:
+                raise _AllLost
+            if len(alive) == len(self.workers):    # nobody died: the step itself failed
+                raise GraphError(f"DataParallel: step {k + 1} failed on a worker: {error}") from None
+            done = [i for i, (steps, _) in alive.items() if steps == k + 1]
+            source = self.workers[done[0] if done else min(alive)]
             try:
-                alive[i] = ray.get(w.steps_done.remote())
-            except DIED:
-                pass
-        if not alive:
-            raise _AllLost
-        if len(alive) == len(self.workers):    # nobody died: the step itself failed
-            raise GraphError(f"DataParallel: step {k + 1} failed on a worker: {error}") from None
-        done = [i for i, (steps, _) in alive.items() if steps == k + 1]
-        source = self.workers[done[0] if done else min(alive)]
-        state_ref = source.state.remote()
+                # through the driver: a ref the source owned would be lost if it died now (a kill
+                # is asynchronous), and the new workers' set_state would fail unseen
+                state_ref = ray.put(ray.get(source.state.remote()))
+                break
+            except DIED:                           # the source died too: look again
+                continue
         for i in range(len(self.workers)):
             if i not in alive:
                 tries[i] += 1
