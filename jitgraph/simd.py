@@ -21,6 +21,11 @@ tiles and do all the bookkeeping in ordinary Numba code.
   to the output; the last vector of a row that is not a whole vector is read ending
   at the row's end, its lanes already counted masked to zero.  The lanes are added
   in a fixed order at the end.
+* ``channel_tile(MV, NK, vbytes)``: the same sums with the vectors across MV vectors of
+  output channels instead of positions, for a gradient laid out channels last: each step
+  (one output position) adds a vector of g's channels times a broadcast input element to
+  each of NK taps' accumulators -- no horizontal sums, and planes of any width fill the
+  lanes.  Each lane is a plain running sum over the positions in order.
 
 A tile's vectors are ``vbytes`` bytes of the graph's dtype (``lanes_of``): VECTOR_BYTES,
 or WIDE_BYTES on a host with AVX-512, or single elements (``vbytes=0``) for rows narrower
@@ -348,6 +353,66 @@ def dot_tile(MR: int, NK: int, vbytes: int, paired: bool = False):
                     builder.store(builder.fadd(builder.load(ptr), sums[m * NK + k]), ptr)
                     builder.branch(after)
                     builder.position_at_end(after)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+def channel_tile(MV: int, NK: int, vbytes: int):
+    """The intrinsic ``tile(g, x, acc, xoff, kv, steps, g_step, q0, r0, width, rows, x_row, x_img)``:
+    for k < NK, v < MV, ``acc[k*MV*lanes + v*lanes : +lanes] += sum over the next ``steps``
+    positions of g[p*g_step + v*lanes : +lanes] * x[xoff[k] + at(p)]``, positions taken in
+    order from column q0 of row r0 of the first image (rows of ``width`` columns, ``rows``
+    rows an image), at(p) their element of x (rows ``x_row``, images ``x_img`` apart); acc holds
+    the sums so far (loaded, continued, stored: one running sum however a caller cuts the
+    positions).  Taps k >= kv are computed from a valid tap's offset and not stored."""
+    @intrinsic
+    def tile(typingctx, g, x, acc, xoff, kv, steps, g_step, q0, r0, width, rows, x_row, x_img):
+        sig = types.void(g, x, acc, xoff, kv, steps, g_step, q0, r0, width, rows, x_row, x_img)
+        dtype = g.dtype
+
+        def codegen(context, builder, signature, args):
+            g, x, acc, xoff, kv, steps, g_step, q0, r0, width, rows, x_row, x_img = args
+            lanes, vt, zero, size = _types(context, dtype, vbytes)
+            fma = _fma(builder, vt)
+            xbase = [builder.gep(x, [builder.extract_value(xoff, k)]) for k in range(NK)]
+            at = [builder.gep(acc, [I64((k * MV + v) * lanes)]) for k in range(NK) for v in range(MV)]
+            init = [builder.load(builder.bitcast(p, vt.as_pointer()), align=size) for p in at]
+            # x's offset steps by 1 along a row, to the next row's start at a row's end, and to
+            # the next image's first row at an image's end: counters and selects, no inner loop
+            row_jump = builder.sub(x_row, builder.sub(width, I64(1)))
+            img_jump = builder.sub(x_img, builder.add(builder.mul(builder.sub(rows, I64(1)), x_row),
+                                                      builder.sub(width, I64(1))))
+            x0 = builder.add(builder.mul(r0, x_row), q0)
+
+            def over(p, carried):
+                q, r, xo = carried[:3]
+                accs = carried[3:]
+                go = builder.mul(p, g_step)
+                gs = [builder.load(_at(builder, g, builder.add(go, I64(v * lanes)), vt), align=size)
+                      for v in range(MV)]
+                new = []
+                for k in range(NK):
+                    b = _splat(builder, builder.load(builder.gep(xbase[k], [xo])), vt)
+                    new += [builder.call(fma, [gs[v], b, accs[k * MV + v]]) for v in range(MV)]
+                q = builder.add(q, I64(1))
+                row_end = builder.icmp_signed("==", q, width)
+                r_next = builder.add(r, I64(1))
+                img_end = builder.and_(row_end, builder.icmp_signed("==", r_next, rows))
+                step = builder.select(img_end, img_jump, builder.select(row_end, row_jump, I64(1)))
+                r = builder.select(row_end, builder.select(img_end, I64(0), r_next), r)
+                return [builder.select(row_end, I64(0), q), r, builder.add(xo, step)] + new
+            accs = _loop(builder, steps, [q0, r0, x0] + init, over)[3:]
+            fn = builder.function
+            for k in range(NK):
+                store = fn.append_basic_block("chan.store")
+                after = fn.append_basic_block("chan.after")
+                builder.cbranch(builder.icmp_signed("<", I64(k), kv), store, after)
+                builder.position_at_end(store)
+                for v in range(MV):
+                    builder.store(accs[k * MV + v], builder.bitcast(at[k * MV + v], vt.as_pointer()), align=size)
+                builder.branch(after)
+                builder.position_at_end(after)
             return context.get_dummy_value()
         return sig, codegen
     return tile

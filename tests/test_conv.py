@@ -11,8 +11,9 @@ import jitgraph.registry  # noqa: F401 -- jg.registry
 from jitgraph.native import data_pointer
 from jitgraph.ops import conv as conv_module
 from jitgraph.ops.windows import col2im, im2col
-from jitgraph.ops.conv import TILE_SHAPES, _fma, conv2d_weight, lanes, pick_tile, weight_tile
-from jitgraph.simd import VECTOR_BYTES, WIDE_BYTES
+from jitgraph.ops.conv import TILE_SHAPES, _fma, lanes, pick_tile
+from jitgraph.ops.conv_weight import conv2d_weight, weight_tile
+from jitgraph.simd import VECTOR_BYTES, WIDE, WIDE_BYTES
 
 from .naive import col2im_ref, conv2d_weight_ref, im2col_ref
 from .test_threads import assert_same_bits, at_each_thread_count
@@ -345,6 +346,78 @@ def test_every_weight_gradient_tile_matches_numpy(dtype, flip):
     size = np.dtype(dtype).itemsize       # which tiles those planes take with 512-bit tiles (run above on such a host)
     assert [weight_tile(h, w, size, True) for h, w in shapes] == [3, 0, 2, 2, 2, 1]
     assert [weight_tile(h, w, size, False) for h, w in shapes] == [0, 0, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_channel_vector_weight_gradient_matches_numpy(dtype):
+    """g laid out channels last (channel_blocks): channel blocks, tap ranges that end in a
+    partial block (5 x 9 taps), position chunks that start mid-row and mid-image, a 1x1
+    kernel and dilation."""
+    rng = np.random.default_rng(6)
+    for N, Ci, Co, OH, OW, k, d in [(5, 5, 32, 6, 7, 3, 1), (2, 3, 64, 5, 9, 3, 1), (3, 4, 32, 4, 4, 1, 1),
+                                    (2, 2, 32, 5, 6, 3, 2)]:
+        xp = rng.standard_normal((N, Ci, OH + d * (k - 1), OW + d * (k - 1)))
+        g = rng.standard_normal((N, Co, OH, OW))
+        graph = jg.Graph(dtype)
+        gt, xt = graph.input((N, OH, OW, Co)), graph.input(xp.shape)
+        got = jg.build_forward(conv2d_weight(gt, xt, (k, k), d, channels_last=True)).run(
+            {gt: g.transpose(0, 2, 3, 1), xt: xp})
+        want = conv2d_weight_ref(g.astype(dtype).astype(np.float64), xp.astype(dtype).astype(np.float64), (k, k),
+                                 d, 1, False)
+        tol = 1e-12 if dtype == np.float64 else 2e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=f"{N, Ci, Co, OH, OW}")
+    graph = jg.Graph(dtype)
+    with pytest.raises(jg.GraphError, match="channels last"):
+        conv2d_weight(graph.input((2, 4, 4, 24)), graph.input((2, 3, 6, 6)), (3, 3), channels_last=True)
+
+
+def _wide_channels_loss(dtype, checkpoints=None):
+    """Convolutions of 32 channels on 8 x 8 planes, whose weight gradients take the
+    channel-vector kernel on a 512-bit host."""
+    rng = np.random.default_rng(7)
+    graph = jg.Graph(dtype)
+    x = graph.input((3, 4, 8, 8), name="x")
+    ws = [graph.param(rng.standard_normal(s) * 0.2, name=f"w{i}") for i, s in
+          enumerate([(32, 4, 3, 3), (32, 32, 3, 3), (32, 32, 1, 1)])]
+    h = jg.relu(jg.conv2d(x, ws[0], padding=1))
+    h = jg.relu(jg.conv2d(jg.relu(jg.conv2d(h, ws[1], padding=1)), ws[2]) + h)
+    bwd = jg.build_backward(jg.build_forward(jg.sum(jg.sqr(h)) * 1e-3), checkpoints=checkpoints)
+    return bwd, {x: rng.standard_normal((3, 4, 8, 8))}, ws
+
+
+def test_channel_vector_weight_gradients_are_exact_and_bit_identical():
+    """Float64 gradients against finite differences; float32 bits equal at 1 and 2 threads and
+    with sqrt checkpointing; the program uses the channel-vector kernel exactly on 512-bit hosts."""
+    bwd, feeds, ws = _wide_channels_loss(np.float32)
+    layouts = [int(bwd.graph.nodes.ip[n, conv_module.ConvWeightIP.layout]) for n in bwd.order
+               if bwd.graph.nodes.op[n] == jg.registry.CONV2D_WEIGHT]
+    assert len(layouts) == 3 and layouts.count(conv_module.CHANNELS_LAST) == (3 if WIDE else 0)
+    got = at_each_thread_count(lambda: [bwd.run(feeds)] + [p.grad for p in ws])
+    assert_same_bits(got[1], got[2], "channel-vector weight gradients")
+    cp, cfeeds, cws = _wide_channels_loss(np.float32, "sqrt")
+    again = [np.asarray(cp.run(cfeeds))] + [p.grad for p in cws]
+    assert_same_bits(got[1], again, "channel-vector weight gradients, sqrt checkpointing")
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 6, 6))
+    w = rng.standard_normal((32, 3, 3, 3)) * 0.3
+    r = rng.standard_normal((2, 32, 6, 6))
+    graph = jg.Graph(np.float64)
+    xt, wt = graph.param(x, "x"), graph.param(w, "w")
+    jg.build_backward(jg.build_forward(jg.sum(jg.conv2d(xt, wt, padding=1) * r))).run()
+    want = conv2d_weight_ref(r, np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), 1, 1, False)
+    np.testing.assert_allclose(wt.grad, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+
+    def fn(a, b):                  # linear in each: finite differences without kinks or curvature
+        return jg.sum(jg.conv2d(a, b, padding=1) * r)
+    res = jg.check_grads(fn, [x, w])
+    assert res.ok and res.n_checked == x.size + w.size, res
+
+    def second(a, b):              # through the channel-vector node's own rule
+        gx, gw = jg.grad(jg.sum(jg.conv2d(a, b, padding=1) * r[:1, :, :5, :5]), [a, b])
+        return jg.sum(jg.sqr(gw))
+    res = jg.check_grads(second, [x[:1, :2, :5, :5], w[:, :2]])
+    assert res.ok, res
 
 
 def _resnet_block_loss(dtype, checkpoints=None):

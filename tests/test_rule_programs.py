@@ -32,6 +32,10 @@ BY_VECTOR_WIDTH = {"conv2d", "conv2d_weight"}
 # on an Intel AVX-512 CPU) sums the same products in another order.
 RECORDED_KERNELS = {"Haswell", "Zen"}
 BY_BLAS_KERNEL = {"matmul", "attention", "attention_d"}
+# Cases whose kernels, not rules, have summed differently since the record: the weight gradient of
+# a plane half a 512-bit vector wide (g 4 x 4 in float64) sums two rows a vector (ops/conv_weight.py D3,
+# 2026-12-06) where the record summed one row a 256-bit vector.
+RETILED = {"first.conv2d_weight"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,7 +98,7 @@ def test_gradient_graph_and_bits_are_what_they_were(key, monkeypatch):
             np.testing.assert_array_equal(got[field], want[field], err_msg=field)
     assert got["values"].dtype == want["values"].dtype
     ops = set(got["opname"].tolist())
-    if (WIDE != RECORDED_WIDE and BY_VECTOR_WIDTH & ops) or \
+    if (WIDE != RECORDED_WIDE and BY_VECTOR_WIDTH & ops) or (WIDE and key in RETILED) or \
             (blas.chosen(got["values"].dtype).kernel not in RECORDED_KERNELS and BY_BLAS_KERNEL & ops):
         # another vector width or BLAS kernel: the same sums in another grouping -- equal to
         # rounding, not in bits

@@ -18,10 +18,9 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
 * **otherwise** (dilated strides, rows narrower than a vector, padding beyond the
   kernel): an ``im2col`` node lays every window out, (N, C*kh*kw, OH, OW), and the same
   product runs as a 1x1 convolution on it.
-* The **weight gradient** is one ``conv2d_weight`` node: dW[co, c, i, j] summed over
-  images and positions in one pass (simd.dot_tile: 4 channels x 3 taps of 256-bit or 4
-  taps of 512-bit partial sums, images taken a cache-sized chunk at a time), never a product per
-  image and a sum.
+* The **weight gradient** is one ``conv2d_weight`` node (conv_weight.py): dW[co, c, i, j]
+  summed over images and positions in one pass, never a product per image and a sum; planes
+  narrower than CHANNEL_BELOW with 512-bit vectors read g channels last (a transpose node).
 * The **input gradient** is a convolution too: the output gradient padded (as it is read) by
   ``dilation*(k-1) - padding`` and convolved with the weights flipped and transposed
   (the FLIP mode, which reads w that way: no flipped copy); for phases, each phase's
@@ -49,10 +48,10 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import RUN_EXTENT, data_pointer, operand, output, output_into, run_view, span
-from ..registry import COMPUTE, CONV2D, CONV2D_WEIGHT, CUSTOM, DOT, DOT_K, IM2COL, defop, export, slots
+from ..native import RUN_EXTENT, data_pointer, operand, output_into, run_view, span
+from ..registry import COMPUTE, CONV2D, CUSTOM, DOT, DOT_K, defop, export, slots
 from ..rules import Sym, either, op
-from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, dot_tile, fma_tile
+from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, fma_tile
 from ..status import ERR_BAD_NODE, OK
 from .common import need_tensor
 from .shape import reshape
@@ -86,8 +85,12 @@ class ConvWeightIP(IntEnum):         # conv2d_weight
     mode = 3
     stride_h = 4                     # the stride of the phases it reads (1: none)
     stride_w = 5
+    layout = 6                       # g's: CHANNELS_FIRST (N, C, H, W) or CHANNELS_LAST (N, H, W, C)
     contracted = DOT_K
-CHUNK_BYTES = 1 << 21     # a weight gradient's images are taken in chunks of about this much input
+CHANNELS_FIRST, CHANNELS_LAST = 0, 1
+# the channel-vector weight gradient (conv_weight.channel_blocks) takes g's channels in blocks
+# of CHANNEL_BLOCK, for planes narrower than CHANNEL_BELOW
+CHANNEL_BLOCK, CHANNEL_BELOW = 32, 32
 
 
 def lanes(g: Any) -> int:
@@ -376,6 +379,18 @@ def _conv(a: Sym, w: Sym, xp: Sym, like: Sym, mode, dilation, groups, source, pa
                      stride_w=stride[1], contracted=xp.shape[1] // groups * w.shape[2] * w.shape[3] // phases)
 
 
+def _channels_last(t: Sym) -> Sym:
+    """In a rule: (N, C, H, W) t as (N, H, W, C)."""
+    return op.transpose(t, like=t, dims={1: t.shape[2], 2: t.shape[3], 3: t.shape[1]}, axis0=0, axis1=2, axis2=3,
+                        axis3=1)
+
+
+def _channels_first(t: Sym) -> Sym:
+    """In a rule: (N, H, W, C) t as (N, C, H, W)."""
+    return op.transpose(t, like=t, dims={1: t.shape[3], 2: t.shape[1], 3: t.shape[2]}, axis0=0, axis1=3, axis2=1,
+                        axis3=2)
+
+
 def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h, stride_w):
     """y = conv(x, w) reading xp: dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded
     by d(k-1) - p; for phases, the phases' FLIP product, or, when they are x's phases, col2im of
@@ -388,10 +403,17 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
     # a DIRECT product that pads as it reads (FOLD_PADDING: it reads x itself): its weight gradient
     # reads a padded copy, made here; its input gradient pads g as it reads it too
     folded = (source == DIRECT) & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
-    dw = op.conv2d_weight(g, either(folded, pad(xp, pad_h, pad_w), xp), like=w, dilation_h=dilation_h,
-                          dilation_w=dilation_w, groups=groups, mode=mode,
-                          stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),
-                          contracted=g.shape[0] * g.shape[2] * g.shape[3])
+    read = either(folded, pad(xp, pad_h, pad_w), xp)
+    # planes narrower than CHANNEL_BELOW with whole blocks of channels: g laid out channels last
+    # (a transpose the size of g) and the channel-vector kernel, where the lanes run across
+    # channels (512-bit hosts: measured there)
+    by_channel = (source == DIRECT) & (mode == FWD) & (groups == 1) & (g.shape[1] % CHANNEL_BLOCK == 0) \
+        & (g.shape[3] < CHANNEL_BELOW) & WIDE
+    weight = dict(like=w, dilation_h=dilation_h, dilation_w=dilation_w, groups=groups, mode=mode,
+                  stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),
+                  contracted=g.shape[0] * g.shape[2] * g.shape[3])
+    dw = either(by_channel, op.conv2d_weight(_channels_last(g), read, layout=CHANNELS_LAST, **weight),
+                op.conv2d_weight(g, read, layout=CHANNELS_FIRST, **weight))
     windows = op.col2im(_conv(g, w, g, xp, FLIP, (1, 1), groups, DIRECT), like=x, params_from=xp)
     flip_phases = _conv(g, w, g, x, FWD, (1, 1), groups, PHASES, stride=(stride_h, stride_w))
     wv = op.reshape(w, like=w, dims={1: w.shape[1] * kh * kw, 2: 1, 3: 1})
@@ -409,164 +431,3 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
 
 defop(CONV2D, "conv2d", conv2d, _run_conv2d, _conv2d_vjp, arity=3, cost=COMPUTE, flops=DOT, split=CUSTOM,
       sources=("x", "w", "xp"), ip=ConvIP, epilogue=True)
-
-
-# ---- conv2d_weight: the weight gradient ---------------------------------------------------------------
-def conv2d_weight(g: Tensor, xp: Tensor, kernel_size: Pair, dilation: Pair = 1, groups: int = 1,
-                  flip: bool = False) -> Tensor:
-    """The weight gradient of ``conv2d(x, w)`` reading xp (padded x), stride 1:
-    dw[co, c, i, j] = sum over images and positions of g[n, co, p] xp[n, c, p + (i, j) * dilation]
-    (groups: c counts within co's group).  ``flip``: the gradient of a FLIP convolution
-    (g has the input's channels, xp the output's; taps flipped)."""
-    g, xp = need_tensor(g, "conv2d_weight"), need_tensor(xp, "conv2d_weight")
-    k, d = int_pair(kernel_size, "conv2d_weight", "kernel_size", 1), int_pair(dilation, "conv2d_weight", "dilation", 1)
-    if g.ndim != 4 or xp.ndim != 4 or g.shape[0] != xp.shape[0] or g.shape[1] % groups or xp.shape[1] % groups \
-            or g.shape[2:] != (xp.shape[2] - d[0] * (k[0] - 1), xp.shape[3] - d[1] * (k[1] - 1)):
-        raise GraphError(f"conv2d_weight: gradient {g.label!r} {g.shape} does not fit input {xp.label!r} {xp.shape} "
-                         f"with kernel {k}, dilation {d}, groups {groups}")
-    rows, cols = (xp.shape[1], g.shape[1] // groups) if flip else (g.shape[1], xp.shape[1] // groups)
-    return g.graph._node(CONV2D_WEIGHT, (g.id, xp.id), (rows, cols) + k,
-                         ip=slots(ConvWeightIP, dilation_h=d[0], dilation_w=d[1], groups=groups, mode=FLIP if flip else FWD,
-                                  stride_h=1, stride_w=1, contracted=g.shape[0] * g.shape[2] * g.shape[3]))
-
-
-# 4 rows x 3 taps of 256-bit partial sums (12 accumulators fit AVX2's 16 registers; 4 x 4
-# spilled: a ResNet layer's weight gradient 1.6x slower, Zen 3), 4 x 4 scalars, 4 x 6 512-bit ones
-# (24 of AVX-512's 32 registers: 4 x 4 loaded 0.75 vectors an FMA, 4 x 6 0.67, and ran the
-# weight gradient of a 32 x 32 plane 1.24x, 16 x 16 1.23x faster; 5 x 5 and 6 x 4 fell between,
-# 4 x 7 spilled; Intel Xeon model 207); D3: 4 x 6 512-bit ones over planes half a vector wide,
-# two rows a vector (8 x 8 float32 ran at 256 bits, 84 GFLOP/s where oneDNN makes 188)
-D0, D1, D2, D3 = dot_tile(4, 3, VECTOR_BYTES), dot_tile(4, 4, 0), dot_tile(4, 6, WIDE_BYTES), \
-    dot_tile(4, 6, WIDE_BYTES, paired=True)
-WEIGHT_TILES = ((4, 3), (4, 4), (4, 6), (4, 6))     # (rows, taps) of D0 ... D3
-
-
-@njit(cache=True, error_model="numpy")
-def weight_tile(OH, OW, itemsize, wide):
-    """The tile of a weight gradient over OH x OW planes: D2 (rows of 512-bit vectors), D3 (two
-    rows a 512-bit vector), D0 (256-bit) or D1 (scalars); ``wide``: 512-bit tiles may be used."""
-    wide_lanes = WIDE_BYTES // itemsize
-    if wide and OW >= wide_lanes:
-        return 2
-    if wide and 2 * OW == wide_lanes and OH % 2 == 0:
-        return 3
-    return 0 if OW >= VECTOR_BYTES // itemsize else 1
-
-
-@njit(cache=True, error_model="numpy")
-def _tap(t, q, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Cw, mode):
-    """(input offset, output offset) of tap t = (channel, i, j) of phase (a, b) of a weight
-    gradient (q = n_i * n_j taps a channel)."""
-    c = t // q
-    i = t % q // n_j
-    j = t % n_j
-    at = (i * sh + a) * kw + j * sw + b
-    if mode == FWD:            # channel c of the input, phase (a, b)
-        return (c * S + a * sw + b) * Hp * Wp + i * dh * Wp + j * dw, c * T + at
-    return c * Hp * Wp + (ti - i) * dh * Wp + (tj - j) * dw, c * Cw * T + at
-
-
-@njit(cache=True, error_model="numpy")
-def weight_blocks(v, n, lo, hi):
-    """conv2d_weight: units are blocks of a tile's rows (output channels, or input channels
-    for FLIP) of one group, each summed over every image and position in a fixed order."""
-    gs, xs = v.src[n, 0], v.src[n, 1]
-    N, Ci, Cg = v.shape[xs, 0], v.shape[xs, 1], v.shape[gs, 1]
-    kh, kw = v.shape[n, 2], v.shape[n, 3]
-    dh, dw, groups = v.ip[n, ConvWeightIP.dilation_h], v.ip[n, ConvWeightIP.dilation_w], v.ip[n, ConvWeightIP.groups]
-    mode, sh, sw = v.ip[n, ConvWeightIP.mode], v.ip[n, ConvWeightIP.stride_h], v.ip[n, ConvWeightIP.stride_w]
-    sh, sw, Pi, Pj = _spans(PHASES if sh > 1 or sw > 1 else DIRECT, sh, sw, kh, kw,
-                            dh, dw)
-    Hp, Wp, OH, OW = _plane(kh, kw, v.shape[xs, 2], v.shape[xs, 3], v.shape[gs, 2], v.shape[gs, 3])
-    S, T = sh * sw, kh * kw
-    ti, tj = (kh - 1) // sh, (kw - 1) // sw
-    S_in, S_g = (S, 1) if mode == FWD else (1, S)         # phases in the input (FWD) or in g (FLIP)
-    Mg, Cr = Cg // S_g // groups, Ci // S_in // groups    # gradient rows and input channels per group
-    rows, cols = (Mg * groups, Cr) if mode == FWD else (Ci, Mg)
-    if OH != Hp - Pi or OW != Wp - Pj or Cg % (S_g * groups) or Ci % (S_in * groups) or v.shape[gs, 0] != N \
-            or v.shape[n, 0] != rows or v.shape[n, 1] != cols:
-        return ERR_BAD_NODE
-    # 512-bit lanes (with AVX-512) change the order of a sum's partial sums: the bits differ
-    # from another host's, never between runs, thread counts or checkpointed recomputations
-    tile = weight_tile(OH, OW, v.mem.itemsize, WIDE)
-    MR, step = WEIGHT_TILES[tile]
-    n_m = (Mg + MR - 1) // MR
-    if lo < 0:
-        v.ctx[RUN_EXTENT] = groups * n_m
-        return OK
-    lo, hi = span(lo, hi, groups * n_m)
-    om = Cr * T if mode == FWD else T     # FWD: out[co, c, i, j], rows co; FLIP: out[co, c, ...], rows c
-    chunk = max(1, CHUNK_BYTES // ((Cr * S_in * Hp * Wp + MR * S_g * OH * OW) * v.mem.itemsize))
-    g, x, out = operand(v, n, 0), operand(v, n, 1), output(v, n)
-    for u in range(lo, hi):
-        grp = u // n_m
-        m0 = (u % n_m) * MR
-        mv = min(MR, Mg - m0)
-        base = (grp * Mg + m0) * om if mode == FWD else grp * Cr * Mg * T + m0 * T
-        for co in range(1 if mode == FWD else Cr):
-            for q in range(mv * (om if mode == FWD else T)):
-                out[base + co * Mg * T + q] = 0.0
-        o = data_pointer(out[base:])
-        for i0 in range(0, N, chunk):
-            ni = min(chunk, N - i0)
-            xp = data_pointer(x[(i0 * Ci + grp * Cr * S_in) * Hp * Wp:])
-            for a in range(sh):
-                for b in range(sw):
-                    n_i, n_j = (kh - a + sh - 1) // sh, (kw - b + sw - 1) // sw
-                    K = Cr * n_i * n_j
-                    ph = 0 if mode == FWD else a * sw + b
-                    gp = data_pointer(g[((i0 * Cg) + (grp * Mg + m0) * S_g + ph) * OH * OW:])
-                    # every tap's (input, output) offsets, padded to whole steps with the last tap
-                    xoffs, ooffs = np.empty(K + step, np.int64), np.empty(K + step, np.int64)
-                    for t in range(K + step):
-                        xoffs[t], ooffs[t] = _tap(min(t, K - 1), n_i * n_j, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp,
-                                                  T, ti, tj, Mg, mode)
-                    for t0 in range(0, K, step):
-                        kv = min(step, K - t0)
-                        a0, a1, a2, a3 = xoffs[t0], xoffs[t0 + 1], xoffs[t0 + 2], xoffs[t0 + 3]
-                        b0, b1, b2, b3 = ooffs[t0], ooffs[t0 + 1], ooffs[t0 + 2], ooffs[t0 + 3]
-                        a4, a5 = xoffs[min(t0 + 4, K + step - 1)], xoffs[min(t0 + 5, K + step - 1)]    # D2, D3's
-                        b4, b5 = ooffs[min(t0 + 4, K + step - 1)], ooffs[min(t0 + 5, K + step - 1)]
-                        # the tiles called here, not through a dispatcher like _fma: a call to one
-                        # made the weight gradient 4-5% slower (ResNet-32, side by side)
-                        if tile == 3:
-                            D3(gp, xp, o, (a0, a1, a2, a3, a4, a5), (b0, b1, b2, b3, b4, b5), mv, kv, S_g * OH * OW,
-                               om, ni, Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
-                        elif tile == 2:
-                            D2(gp, xp, o, (a0, a1, a2, a3, a4, a5), (b0, b1, b2, b3, b4, b5), mv, kv, S_g * OH * OW,
-                               om, ni, Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
-                        elif tile == 0:
-                            D0(gp, xp, o, (a0, a1, a2), (b0, b1, b2), mv, kv, S_g * OH * OW, om, ni,
-                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
-                        else:
-                            D1(gp, xp, o, (a0, a1, a2, a3), (b0, b1, b2, b3), mv, kv, S_g * OH * OW, om, ni,
-                               Cg * OH * OW, Ci * Hp * Wp, OH, OW, Wp, OW)
-    return OK
-
-
-def _run_conv2d_weight(n, lo, hi, ctx, mem, store):
-    return weight_blocks(run_view(ctx, mem, store), n, lo, hi)
-
-
-def _conv2d_weight_vjp(h, g, xp, out, dilation_h, dilation_w, groups, mode, stride_h, stride_w):
-    """dw = W(g, xp), bilinear.  FWD: through g, the FWD convolution of xp with h; through xp,
-    the FLIP convolution of g padded by the reach with h.  FLIP: through g, the FLIP
-    convolution of xp with h; through xp, the FWD convolution of g padded by the reach."""
-    phases = (stride_h > 1) | (stride_w > 1)
-    source = either(phases, PHASES, DIRECT)
-    kh, kw = out.shape[2], out.shape[3]
-    qh = either(phases, (kh - 1) // stride_h, dilation_h * (kh - 1))
-    qw = either(phases, (kw - 1) // stride_w, dilation_w * (kw - 1))
-    stride, dilation = (either(phases, stride_h, 0), either(phases, stride_w, 0)), (dilation_h, dilation_w)
-    x = either(xp.opcode == IM2COL, xp.source(0), xp)                # the FLIP's unpadded input
-    dg = either((mode == FWD) | ~phases, _conv(xp, h, xp, g, mode, dilation, groups, source, stride=stride),
-                _conv(x, h, xp, g, FLIP, dilation, groups, source, stride=stride))
-    gp = pad(g, qh, qw)
-    dxp = either(phases, _conv(either(mode == FLIP, gp, g), h, gp, xp, 1 - mode, dilation, groups, PHASES,
-                               stride=stride),
-                 _conv(g, h, gp, xp, 1 - mode, dilation, groups, DIRECT, pad_hw=(qh, qw)))
-    return dg, dxp
-
-
-defop(CONV2D_WEIGHT, "conv2d_weight", conv2d_weight, _run_conv2d_weight, _conv2d_weight_vjp, arity=2, cost=COMPUTE,
-      flops=DOT, public=False, split=CUSTOM, sources=("g", "xp"), ip=ConvWeightIP)

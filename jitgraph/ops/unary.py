@@ -7,13 +7,12 @@ compiles its own loop with its own math only.  float32 math stays float32 and
 vectorizes (vmath.py, ``like`` types the constants); float64 uses libm.
 Derivative ops (step, sign, gelu_d ...) live here too: gradient rules append them.
 """
+from enum import IntEnum
+
 import numpy as np
 from numba import njit
 
 from .. import vmath
-
-from enum import IntEnum
-
 from ..errors import GraphError
 from ..graph import Tensor
 from ..native import chunk_operand, operand, output, run_view, same_data, span
