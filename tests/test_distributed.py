@@ -221,6 +221,36 @@ def test_dropout_and_checkpointing_match_the_steps_taken_by_hand(cluster):
     assert same_bits(got, {p.label: p.value for p in hopt.params})
 
 
+class _DiesWhenAsked:
+    """Stands in for a worker's ``state`` method: kills the worker, then asks it (the call
+    fails as a kill that lands late makes it fail)."""
+    def __init__(self, worker):
+        self.worker, self.method = worker, worker.state
+
+    def remote(self):
+        ray.kill(self.worker)
+        return self.method.remote()
+
+
+def test_a_replica_that_dies_while_it_is_copied_is_not_copied(cluster, reference):
+    """Worker 1 dies; worker 0, the survivor the new worker 1 is to copy, dies as its state
+    is read (ray.kill is asynchronous: a worker can answer, then die).  The copy is not
+    made from a lost state: every replica restarts from the driver's, the same bits."""
+    bwd, opt, x, y = model(SHARD)
+    with DataParallel(bwd, opt, num_workers=N) as dp:
+        def kill(step, loss):
+            if step == 4:
+                survivor = dp.workers[0]
+                survivor.state = _DiesWhenAsked(survivor)
+                ray.kill(dp.workers[1])
+        losses = fit(dp, x, y, callback=kill)
+        assert dp.restarts >= 2
+        assert losses == reference[0]
+        assert same_bits(dp.params(), reference[1])
+        for held in dp.worker_params():
+            assert same_bits(held, reference[2][0])
+
+
 def test_killed_workers_are_replaced_and_the_run_is_unchanged(cluster, reference):
     bwd, opt, x, y = model(SHARD)
     with DataParallel(bwd, opt, num_workers=N) as dp:
