@@ -138,8 +138,7 @@ def channel_blocks(v, n, lo, hi):
     g, x, out = operand(v, n, 0), operand(v, n, 1), output(v, n)
     offs = np.empty(K + NB, np.int64)          # each tap's element of xp from a position's
     for t in range(K + NB):
-        q = min(t, K - 1)
-        offs[t] = q // T * Hp * Wp + q % T // kw * dh * Wp + q % kw * dw
+        offs[t] = _tap(min(t, K - 1), T, kw, 0, 0, 1, 1, 1, kw, dh, dw, Hp, Wp, T, 0, 0, Co, FWD)[0]
     P, plane = N * OH * OW, OH * OW
     chunk = max(1, CHANNEL_CHUNK_BYTES // (CB * v.mem.itemsize))
     for u in range(lo, hi):
@@ -167,7 +166,8 @@ def channel_blocks(v, n, lo, hi):
 @njit(cache=True, error_model="numpy")
 def weight_blocks(v, n, lo, hi):
     """conv2d_weight: units are blocks of a tile's rows (output channels, or input channels
-    for FLIP) of one group, each summed over every image and position in a fixed order."""
+    for FLIP) of one group, each summed over every image and position in a fixed order; a
+    channels-last g goes to channel_blocks."""
     if v.ip[n, ConvWeightIP.layout] == CHANNELS_LAST:
         return channel_blocks(v, n, lo, hi)
     gs, xs = v.src[n, 0], v.src[n, 1]
