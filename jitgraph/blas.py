@@ -6,11 +6,14 @@ package).  Which is fastest depends on the CPU, not on the library's reputation:
 MKL leads on Intel Xeons and can trail on AMD; OpenBLAS's kernels are tuned per core.
 So, the first time a process of this host needs a product, every candidate is timed
 on the product shapes models make (``SHAPE_CLASSES``: a linear layer forward and both of
-its gradients at MLP and transformer sizes, attention's small per-head products), and
-the one with the lowest mean time relative to the best is chosen -- OpenBLAS keeps the
-place unless another is faster by ``MARGIN``.  The choice is cached on disk per host
-(CPU model and flags, each candidate's version and file); ``JITGRAPH_BLAS=openblas|mkl|blis``
-forces one.  With only one library present nothing is timed.
+its gradients at MLP and transformer sizes, attention's small per-head products).  The
+main library is the one with the lowest mean time relative to the best on the large
+classes -- OpenBLAS keeps the place unless another is faster by ``MARGIN`` -- and each
+bucket of products (its transposes, small or large: ``bucket``) calls the main library
+unless another is faster by ``BUCKET_MARGIN`` on the bucket's classes.  The choice is
+cached on disk per host (CPU model and flags, each candidate's version and file);
+``JITGRAPH_BLAS=openblas|mkl|blis`` forces one for every product.  With only one library
+present nothing is timed.
 
 Every library runs on one thread per call (jitgraph cuts big products into tiles for
 its own threads, native.py): OpenBLAS through its thread count setter
@@ -36,7 +39,7 @@ from threadpoolctl import threadpool_info
 
 from . import _cache
 from .errors import GraphError
-from .native import BLIS_TYPED, FORTRAN_ILP64, FORTRAN_LP64, data_pointer, gemm
+from .native import BLIS_TYPED, FORTRAN_ILP64, FORTRAN_LP64, N_GEMM_BUCKETS, SMALL_GEMM, data_pointer, gemm
 from .threads import held_blas, max_threads, single_threaded_blas
 
 NAMES = ("openblas", "mkl", "blis")
@@ -54,7 +57,27 @@ SHAPE_CLASSES = (
     ("gpt x^T @ g", 192, 768, 1024, 1, 0),
     ("attention q @ k^T", 64, 64, 32, 0, 1),
     ("attention p @ v", 64, 32, 64, 0, 0),
+    ("heads q @ k^T", 128, 128, 32, 0, 1),
+    ("heads p @ v", 128, 32, 128, 0, 0),
+    ("heads p^T @ g", 128, 32, 128, 1, 0),
 )
+# Products are grouped in buckets by their transposes and size, and each bucket calls the library
+# fastest on its classes: one library rarely leads everywhere (on an AMD EPYC Zen 3, MKL runs small
+# A B^T 10-20% faster than OpenBLAS and small A^T B 17% slower, OpenBLAS the large ones faster).
+SMALL_WORK = SMALL_GEMM  # M N K at most this: a small product (a head's, a tile's)
+BUCKET_MARGIN = 0.05     # a bucket leaves the main library only for a library this much faster on it
+N_BUCKETS = N_GEMM_BUCKETS
+
+
+def bucket(M: int, N: int, K: int, ta: int, tb: int) -> int:
+    """The bucket of row-major C (M, N) = op(A) op(B) contracting K (native.gemm_for's formula)."""
+    return (ta * 2 + tb) * 2 + (1 if M * N * K <= SMALL_WORK else 0)
+
+
+def bucket_name(b: int) -> str:
+    ops = ("A B", "A B^T", "A^T B", "A^T B^T")
+    return f"{ops[b // 2]} {'small' if b % 2 else 'large'}"
+
 TIMED_S = 0.004          # least time of one timed batch of calls
 ROUNDS = 5               # batches per class and library; the fastest counts
 
@@ -212,6 +235,7 @@ def _blis(_pools: List[dict]) -> Optional[Library]:
 _lock = threading.RLock()
 _found: List[Library] = []
 _chosen: Dict[str, Library] = {}
+_by_bucket: Dict[str, List[Library]] = {}      # dtype name -> each bucket's library
 _natives: Dict[str, np.ndarray] = {}
 _timings: Dict[str, dict] = {}
 
@@ -286,12 +310,30 @@ def _score(times: dict) -> Dict[str, float]:
     return {name: float(np.mean([t[c] / best[c] for c in t])) for name, t in times.items()}
 
 
-def _pick(times: dict) -> str:
+def _pick(times: dict, margin: float = MARGIN, prefer: str = DEFAULT) -> str:
     score = _score(times)
     fastest = min(score, key=lambda n: score[n])
-    if DEFAULT in score and score[fastest] > score[DEFAULT] * (1 - MARGIN):
-        return DEFAULT
+    if prefer in score and score[fastest] > score[prefer] * (1 - margin):
+        return prefer
     return fastest
+
+
+def _pick_main(times: dict) -> str:
+    """The main library: the fastest on the large classes (where the time of a step goes),
+    OpenBLAS unless another is faster by MARGIN."""
+    large = [c[0] for c in SHAPE_CLASSES if bucket(*c[1:]) % 2 == 0]
+    return _pick({name: {c: t[c] for c in large} for name, t in times.items()})
+
+
+def _pick_buckets(times: dict, main: str) -> Dict[str, str]:
+    """Each bucket's library: ``main`` unless another is faster by BUCKET_MARGIN on the
+    bucket's classes (a bucket no class measures keeps ``main``)."""
+    got = {}
+    for b in range(N_BUCKETS):
+        classes = [c[0] for c in SHAPE_CLASSES if bucket(*c[1:]) == b]
+        part = {name: {c: t[c] for c in classes} for name, t in times.items()}
+        got[bucket_name(b)] = _pick(part, BUCKET_MARGIN, main) if classes else main
+    return got
 
 
 # ---- the choice, cached per host ---------------------------------------------------------------
@@ -399,8 +441,9 @@ def _forced(libraries: List[Library]) -> Optional[Library]:
 
 
 def chosen(dtype=np.float32) -> Library:
-    """The library every product of ``dtype`` calls in this process: ``JITGRAPH_BLAS``'s,
-    else the cached choice of this host, else the fastest by ``measure`` (then cached)."""
+    """The main library of ``dtype``'s products in this process (the one a bucket keeps
+    unless another is clearly faster on it, see ``by_bucket``): ``JITGRAPH_BLAS``'s, else
+    the cached choice of this host, else the fastest by ``measure`` (then cached)."""
     name = np.dtype(dtype).name
     with _lock:
         lib = _chosen.get(name)
@@ -414,18 +457,31 @@ def chosen(dtype=np.float32) -> Library:
         lib = _forced(libraries)
         if lib is None and len(libraries) == 1:
             lib = libraries[0]
+        buckets = [lib] * N_BUCKETS
         if lib is None:
             key = f"{host_key(libraries)}-{name}"
             entry = _load_choices().get(key)
-            if not (isinstance(entry, dict) and entry.get("chosen") in {x.name for x in libraries}):
+            names = {x.name for x in libraries}
+            if not (isinstance(entry, dict) and entry.get("chosen") in names and isinstance(entry.get("buckets"), dict)
+                    and {entry["buckets"].get(bucket_name(b)) for b in range(N_BUCKETS)} <= names):
                 times = measure(dtype, libraries)
-                entry = {"chosen": _pick(times), "cpu": _cpu(), "seconds": times, "score": _score(times),
-                         "libraries": {x.name: f"{x.version} ({x.kernel})" for x in libraries}}
+                main = _pick_main(times)
+                entry = {"chosen": main, "buckets": _pick_buckets(times, main), "cpu": _cpu(), "seconds": times,
+                         "score": _score(times), "libraries": {x.name: f"{x.version} ({x.kernel})" for x in libraries}}
                 _save_choice(key, entry)
             _timings[name] = entry
             lib = next(x for x in libraries if x.name == entry["chosen"])
+            buckets = [next(x for x in libraries if x.name == entry["buckets"][bucket_name(b)])
+                       for b in range(N_BUCKETS)]
         _chosen[name] = lib
+        _by_bucket[name] = buckets
         return lib
+
+
+def by_bucket(dtype=np.float32) -> List[Library]:
+    """The library each bucket of products calls (index: ``bucket``), N_BUCKETS of them."""
+    chosen(dtype)
+    return list(_by_bucket[np.dtype(dtype).name])
 
 
 def timings(dtype=np.float32) -> Optional[dict]:
@@ -435,33 +491,44 @@ def timings(dtype=np.float32) -> Optional[dict]:
     return _timings.get(np.dtype(dtype).name)
 
 
-def use(name: Optional[str]) -> None:
-    """Make programs built from now on call the library ``name`` (None: choose again as
-    ``chosen`` does).  For tests and studies; programs built before keep theirs."""
+def use(name: Optional[str], buckets: Optional[Dict[int, str]] = None) -> None:
+    """Make programs built from now on call the library ``name`` -- for the buckets in
+    ``buckets`` ({bucket: library}) that one instead (None: choose again as ``chosen``
+    does).  For tests and studies; programs built before keep theirs."""
     with _lock:
         _chosen.clear()
+        _by_bucket.clear()
         _natives.clear()
         _timings.clear()
         if name is not None:
-            lib = next((x for x in available() if x.name == name), None)
-            if lib is None:
-                raise GraphError(f"blas.use: {name!r} is not installed here; present: "
-                                 + ", ".join(x.name for x in available()))
+            def find(want):
+                lib = next((x for x in available() if x.name == want), None)
+                if lib is None:
+                    raise GraphError(f"blas.use: {want!r} is not installed here; present: "
+                                     + ", ".join(x.name for x in available()))
+                return lib
+            lib = find(name)
+            per = [find((buckets or {}).get(b, name)) for b in range(N_BUCKETS)]
             for dtype in ("float32", "float64"):
                 _chosen[dtype] = lib
+                _by_bucket[dtype] = per
 
 
 def natives(dtype) -> np.ndarray:
-    """What runners need of the chosen BLAS for ``dtype``, and one constant: [gemm address,
-    the thread count setter (threads.hold_blas) or 0, how to call the gemm (native.*_LP64 /
+    """What runners need of the chosen BLAS for ``dtype``: [the main gemm's address, the
+    thread count setter (threads.hold_blas) or 0, how to call that gemm (native.*_LP64 /
     BLIS_TYPED), the most tiles a product is cut into (the thread pool's size, fixed for
-    the process, so results never depend on set_num_threads)]."""
+    the process, so results never depend on set_num_threads)], then each bucket's gemm
+    address and kind (native.gemm_for)."""
     name = np.dtype(dtype).name
     with _lock:
         got = _natives.get(name)
         if got is None:
             lib = chosen(dtype)
-            got = _natives[name] = np.array([lib.gemm[name], lib.setter, lib.kind, max_threads()], np.int64)
+            per = _by_bucket[name]
+            setter = max([lib.setter] + [x.setter for x in per])    # only OpenBLAS has one
+            table = [v for x in per for v in (x.gemm[name], x.kind)]
+            got = _natives[name] = np.array([lib.gemm[name], setter, lib.kind, max_threads()] + table, np.int64)
         return got
 
 
@@ -471,5 +538,8 @@ def describe(dtype=np.float32) -> str:
     why = ("forced by " + ENV) if os.environ.get(ENV) else (
         "the only one present" if len(available()) == 1 else "fastest on this host, measured")
     others = [x.name for x in available() if x.name != lib.name]
+    per = by_bucket(dtype)
+    elsewhere = [f"{x.name} for {bucket_name(b)}" for b, x in enumerate(per) if x.name != lib.name]
     return (f"{lib.name} {lib.version} ({lib.kernel} kernels; {why}"
+            + (f"; {', '.join(elsewhere)}" if elsewhere else "")
             + (f"; also present: {', '.join(others)}" if others else "") + ")")

@@ -82,6 +82,8 @@ def info(args: argparse.Namespace) -> int:
                 print(f"  {c:24s}" + "".join(f"{2 * M * N * K / measured['seconds'][n][c] / 1e9:10.1f}"
                                              for n in names))
             print(f"  {'mean time / fastest':24s}" + "".join(f"{measured['score'][n]:10.3f}" for n in names))
+            print("  each bucket of products calls: " + ", ".join(
+                f"{blas.bucket_name(b)} {x.name}" for b, x in enumerate(blas.by_bucket(dtype))))
     for lib in blas.available():
         print(f"  {lib.name}: {lib.version}, {lib.kernel} kernels, {lib.path}")
     print(f"(JITGRAPH_BLAS={'|'.join(blas.NAMES)} forces one; `pip install \"jitgraph[mkl]\"` adds MKL, "

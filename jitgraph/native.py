@@ -189,7 +189,7 @@ def gemm(fn, kind, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
 RUN_ROWS, RUN_SRC, RUN_SHAPE, RUN_IP, RUN_FP, RUN_LOC, RUN_OFF = 0, 1, 2, 3, 4, 5, 6
 RUN_MEM_SIZE, RUN_STORE_SIZE, RUN_SALT, RUN_DETAIL = 7, 8, 9, 10
-RUN_GEMM = 11              # address of the BLAS gemm of the graph's dtype
+RUN_GEMM = 11              # the main BLAS gemm of the graph's dtype (blas.chosen); products call their bucket's, RUN_GEMMS
 RUN_EXTENT = 12            # where a runner called with lo = -1 reports its number of units (split CUSTOM)
 RUN_GEMM_KIND = 13         # how that gemm is called: FORTRAN_LP64, FORTRAN_ILP64 or BLIS_TYPED
 RUN_TILES = 14             # most tiles a product is cut into: the thread pool's size
@@ -200,7 +200,19 @@ RUN_RUNNERS, RUN_N_RUNNERS = 22, 23     # the runner table (an epilogue runs its
 # where a producer writes its output when an epilogue runs it (ops/group.py): a scratch's address,
 # the output element the scratch starts at and its size; address 0: the node's own buffer
 RUN_INTO = 24
-RUN_CTX = RUN_INTO + 3
+RUN_GEMMS = RUN_INTO + 3   # each product bucket's gemm address and kind (blas.bucket, gemm_for)
+N_GEMM_BUCKETS = 8
+RUN_CTX = RUN_GEMMS + 2 * N_GEMM_BUCKETS
+
+SMALL_GEMM = 1 << 20       # blas.SMALL_WORK
+
+
+@njit(cache=True, inline="always")
+def gemm_for(ctx, M, N, K, ta, tb):
+    """(address, kind) of the gemm for row-major C (M, N) = op(A) op(B) contracting K: its
+    bucket's library (blas.bucket: by transposes and size)."""
+    b = RUN_GEMMS + 2 * ((ta * 2 + tb) * 2 + (1 if M * N * K <= SMALL_GEMM else 0))
+    return ctx[b], ctx[b + 1]
 
 
 class RunView(NamedTuple):
@@ -242,6 +254,7 @@ def run_context(G, loc, off, mem, store, salt, natives, runners, chunks, groups)
     ctx[RUN_GROUPS] = address_of(groups)
     ctx[RUN_N_GROUPS] = groups.size
     ctx[RUN_CHUNK:RUN_CTX] = 0
+    ctx[RUN_GEMMS:RUN_CTX] = natives[4:4 + 2 * N_GEMM_BUCKETS]
     ctx[RUN_RUNNERS] = address_of(runners)
     ctx[RUN_N_RUNNERS] = runners.size
     return ctx

@@ -20,11 +20,17 @@ def subprocess_env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
 
 LIBRARIES = [lib.name for lib in blas.available()]
+# with two libraries, "mixed": the first for large products, the second for every small one and
+# for large A^T B -- the buckets blas.by_bucket chooses between, on every test below
+MIXED = {b: LIBRARIES[-1] for b in range(blas.N_BUCKETS) if b % 2 or blas.bucket_name(b).startswith("A^T B ")}
 
 
-@pytest.fixture(params=LIBRARIES)
+@pytest.fixture(params=LIBRARIES + (["mixed"] if len(LIBRARIES) > 1 else []))
 def library(request):
-    blas.use(request.param)
+    if request.param == "mixed":
+        blas.use(LIBRARIES[0], MIXED)
+    else:
+        blas.use(request.param)
     try:
         yield request.param
     finally:
@@ -164,6 +170,64 @@ def test_the_chooser_keeps_openblas_unless_another_is_clearly_faster():
     assert blas._pick(mixed) == "openblas", "faster on half the classes, slower overall"
 
 
+def test_the_main_library_is_chosen_on_the_large_products():
+    large = {c[0] for c in blas.SHAPE_CLASSES if blas.bucket(*c[1:]) % 2 == 0}
+    assert large and len(large) < len(blas.SHAPE_CLASSES)
+    same = {c[0]: 1.0 for c in blas.SHAPE_CLASSES}
+    small_fast = {c: 1.05 if c in large else 0.5 for c in same}          # MKL far ahead on small ones only
+    assert blas._pick({"openblas": same, "mkl": small_fast}) == "mkl"
+    assert blas._pick_main({"openblas": same, "mkl": small_fast}) == "openblas"
+    assert blas._pick_main({"openblas": same, "mkl": {c: 0.9 if c in large else 1.2 for c in same}}) == "mkl"
+
+
+def test_each_bucket_keeps_the_main_library_unless_another_is_clearly_faster_on_it():
+    classes = [c[0] for c in blas.SHAPE_CLASSES]
+    of = {c[0]: blas.bucket(*c[1:]) for c in blas.SHAPE_CLASSES}
+    small_nt = blas.bucket(64, 64, 32, 0, 1)
+    assert small_nt == blas.bucket(128, 128, 32, 0, 1) != blas.bucket(1024, 192, 768, 0, 1)
+    assert blas.bucket_name(small_nt) == "A B^T small" and blas.bucket_name(blas.bucket(64, 1024, 1024, 1, 0)) == "A^T B large"
+    same = {c: 1.0 for c in classes}
+    # MKL 10% faster on the small A B^T classes only, 4% on the small A B ones (under the margin)
+    mkl = {c: 0.9 if of[c] == small_nt else 0.96 if of[c] == blas.bucket(64, 32, 64, 0, 0) else 1.02 for c in classes}
+    got = blas._pick_buckets({"openblas": same, "mkl": mkl}, "openblas")
+    assert got == {blas.bucket_name(b): "mkl" if b == small_nt else "openblas" for b in range(blas.N_BUCKETS)}
+    # the main library is what a bucket keeps: unmeasured ones (A^T B^T) and ties
+    got = blas._pick_buckets({"openblas": {c: 0.9 if of[c] == small_nt else 1.0 for c in classes}, "mkl": same}, "mkl")
+    assert got[blas.bucket_name(small_nt)] == "openblas" and got["A^T B^T small"] == "mkl" and got["A B large"] == "mkl"
+
+
+@pytest.mark.skipif(len(LIBRARIES) < 2, reason="needs two BLAS libraries (the dev extra installs MKL on x86_64)")
+def test_a_product_calls_its_buckets_library():
+    """With small A B^T on the second library, a small A B^T product has that library's bits
+    and a large A B the first's, in the same program."""
+    first, second = LIBRARIES[0], LIBRARIES[-1]
+    rng = np.random.default_rng(5)
+    av, bv = rand(rng, (64, 200), np.float32), rand(rng, (48, 200), np.float32)     # 64 x 48 x 200: small
+    cv, dv = rand(rng, (300, 500), np.float32), rand(rng, (500, 400), np.float32)
+
+    def run():
+        g = jg.Graph(np.float32)
+        a, b, c, d = (g.input(v.shape, name=n) for v, n in zip((av, bv, cv, dv), "abcd"))
+        fwd = jg.build_forward([a @ b.T, c @ d])
+        return fwd.run({a: av, b: bv, c: cv, d: dv})
+
+    try:
+        blas.use(first)
+        one = run()
+        blas.use(second)
+        two = run()
+        small_nt = blas.bucket(64, 48, 200, 0, 1)
+        blas.use(first, {small_nt: second})
+        mixed = run()
+        assert blas.by_bucket()[small_nt].name == second and blas.chosen().name == first
+    finally:
+        blas.use(None)
+    assert not np.array_equal(one[0], two[0]) and not np.array_equal(one[1], two[1]), \
+        "the two libraries gave the same bits: nothing tells them apart here"
+    np.testing.assert_array_equal(mixed[0], two[0])
+    np.testing.assert_array_equal(mixed[1], one[1])
+
+
 def test_the_choice_is_measured_once_per_host_and_cached(tmp_path, monkeypatch):
     if len(LIBRARIES) < 2:
         libs = blas.available() * 2                               # one library present: pretend two
@@ -189,10 +253,21 @@ def test_the_choice_is_measured_once_per_host_and_cached(tmp_path, monkeypatch):
         assert blas.chosen(np.float32).name == first.name
         assert len(calls) == 1, "the cached choice was measured again"
         assert "measured" in blas.describe(np.float32)
-        monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")       # another kernel: another host key
+        assert set(entry["buckets"]) == {blas.bucket_name(b) for b in range(blas.N_BUCKETS)}
+        assert [x.name for x in blas.by_bucket(np.float32)] == [entry["buckets"][blas.bucket_name(b)]
+                                                                for b in range(blas.N_BUCKETS)]
+        real_cpu = blas._cpu
+        monkeypatch.setattr(blas, "_cpu", lambda: real_cpu() + " (another)")     # another CPU: another host key
         blas.use(None)
         blas.chosen(np.float32)
         assert len(calls) == 2
+        saved = json.loads((tmp_path / "blas-choice.json").read_text())
+        for key in saved:                                         # an entry of an older jitgraph: no buckets
+            del saved[key]["buckets"]
+        (tmp_path / "blas-choice.json").write_text(json.dumps(saved))
+        blas.use(None)
+        blas.chosen(np.float32)
+        assert len(calls) == 3, "an entry without buckets was taken as a choice"
     finally:
         blas.use(None)
 

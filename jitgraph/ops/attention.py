@@ -49,8 +49,7 @@ from numba import njit, uint64 as U
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_KIND, data_pointer, gemm,
-                      operand, output, run_view, span)
+from ..native import RUN_EXTENT, data_pointer, gemm, gemm_for, operand, output, run_view, span
 from ..registry import ATTENTION, ATTENTION_D, COMPUTE, CUSTOM, DOT, DOT_K, TRANSPOSE, defop, slots
 from ..rules import either, op
 from ..status import OK
@@ -145,10 +144,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
 
 # ---- the kernels' pieces -------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
-def _mm(fn, kind, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
+def _mm(gemms, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
     """Row-major C (M x N, row stride ldc) = alpha op(A) op(B) + beta C, the matrices starting
     at the first elements of A, B, C (op: transposed when ta / tb is 1): the column-major
-    C^T = op(B)^T op(A)^T of the BLAS."""
+    C^T = op(B)^T op(A)^T of the BLAS, from the library of its bucket (``gemms``: the run's ctx)."""
+    fn, kind = gemm_for(gemms, M, N, K, ta, tb)
     gemm(fn, kind, tb, ta, N, M, K, alpha, data_pointer(B), ldb, data_pointer(A), lda, beta, data_pointer(C), ldc)
 
 
@@ -166,13 +166,13 @@ def _head(h, Hn, T, d):
 
 
 @njit(cache=True, error_model="numpy")
-def _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, rs, scale):
+def _scores(gemms, St, Q, K, q0, rows, k0, kb, d, rs, scale):
     """St (kb x rows) = scale K_blk Q_i^T: the scores of query rows [q0, q0 + rows) against keys
     [k0, k0 + kb), transposed -- a key per row of St.  Stored so, the products run faster (d = 64,
     128 query rows, 1024 keys: 93 GFLOP/s for K Q^T against 69 for Q K^T, and 95 against 85 for
     the gradients' products) and the softmax's work runs along St's rows, across queries, so its
     loops vectorize without reductions.  Q's and K's rows are ``rs`` apart."""
-    _mm(fn, kind, 0, 1, kb, rows, d, scale, K[k0 * rs:], rs, Q[q0 * rs:], rs, 0.0, St, rows)
+    _mm(gemms, 0, 1, kb, rows, d, scale, K[k0 * rs:], rs, Q[q0 * rs:], rs, 0.0, St, rows)
     return OK
 
 
@@ -219,7 +219,7 @@ def _probabilities(St, rows, kb, q0, k0, causal, lse):
 
 
 @njit(cache=True, error_model="numpy")
-def _stats(fn, kind, St, Q, K, q0, rows, kend, d, rs, KB, scale, causal, m, l, corr, mx):
+def _stats(gemms, St, Q, K, q0, rows, kend, d, rs, KB, scale, causal, m, l, corr, mx):
     """Row maxima m and sums l of exp(scores) of query rows [q0, q0 + rows) over keys
     [0, kend); St holds the last key block's exps (relative to the final m when one block)."""
     for r in range(rows):
@@ -227,7 +227,7 @@ def _stats(fn, kind, St, Q, K, q0, rows, kend, d, rs, KB, scale, causal, m, l, c
         l[r] = in_dtype_of(St, 0.0)
     for k0 in range(0, kend, KB):
         kb = min(KB, kend - k0)
-        _scores(fn, kind, St, Q, K, q0, rows, k0, kb, d, rs, scale)
+        _scores(gemms, St, Q, K, q0, rows, k0, kb, d, rs, scale)
         _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
     return OK
 
@@ -242,7 +242,7 @@ def _scratch(out, rows, keys):
 
 # ---- forward -------------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
-def attention_forward(out, Q, K, V, heads, Tq, Tk, d, Hn, scale, causal, BR, KB, lo, hi, fn, kind):
+def attention_forward(out, Q, K, V, heads, Tq, Tk, d, Hn, scale, causal, BR, KB, lo, hi, gemms):
     """Units [lo, hi): unit u is query rows [BR b, BR b + BR) of head h, u = h * blocks + b;
     Hn heads side by side in a row (see _head)."""
     blocks = (Tq + BR - 1) // BR
@@ -265,7 +265,7 @@ def attention_forward(out, Q, K, V, heads, Tq, Tk, d, Hn, scale, causal, BR, KB,
         kend = min(Tk, q0 + rows) if causal else Tk
         for k0 in range(0, kend, KB):
             kb = min(KB, kend - k0)
-            _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, rs, scale)
+            _scores(gemms, St, Qh, Kh, q0, rows, k0, kb, d, rs, scale)
             _online(St, rows, kb, q0, k0, causal, m, l, corr, mx)
             if k0 > 0:
                 for r in range(rows):
@@ -273,7 +273,7 @@ def attention_forward(out, Q, K, V, heads, Tq, Tk, d, Hn, scale, causal, BR, KB,
                     a = acc[r * rs:r * rs + d]
                     for j in range(d):
                         a[j] *= c
-            _mm(fn, kind, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * rs:], rs, 1.0, acc, rs)      # O += P V
+            _mm(gemms, 1, 0, rows, d, kb, 1.0, St, rows, Vh[k0 * rs:], rs, 1.0, acc, rs)      # O += P V
         for r in range(rows):
             inv = in_dtype_of(out, 1.0) / l[r]
             a = acc[r * rs:r * rs + d]
@@ -299,10 +299,9 @@ def _run_attention(n, lo, hi, ctx, mem, store):
         v.ctx[RUN_EXTENT] = units
         return OK
     lo, hi = span(lo, hi, units)
-    fn, kind = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_KIND]
     status = attention_forward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2), heads, Tq, Tk, d,
                                Hn, v.fp[n, AttentionFP.scale], v.ip[n, AttentionIP.causal], BR,
-                               v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
+                               v.ip[n, AttentionIP.block_keys], lo, hi, v.ctx)
     return status
 
 
@@ -351,7 +350,7 @@ def attention_d(q: Tensor, k: Tensor, v: Tensor, gd: Tensor, causal: bool = Fals
 
 
 @njit(cache=True, error_model="numpy")
-def attention_backward(out, Q, K, V, GD, Tq, Tk, d, Hn, scale, causal, BR, KB, lo, hi, fn, kind):
+def attention_backward(out, Q, K, V, GD, Tq, Tk, d, Hn, scale, causal, BR, KB, lo, hi, gemms):
     """Heads [lo, hi): each head's [dq; dk; dv] (see the module docstring); Hn heads side by
     side in a row (see _head)."""
     St, m, l, corr, mx = _scratch(out, min(BR, Tq), min(KB, Tk))
@@ -376,7 +375,7 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, Hn, scale, causal, BR, KB, l
         for q0 in range(0, Tq, BR):
             rows = min(BR, Tq - q0)
             kend = min(Tk, q0 + rows) if causal else Tk
-            _stats(fn, kind, St, Qh, Kh, q0, rows, kend, d, rs, KB, scale, causal, m, l, corr, mx)
+            _stats(gemms, St, Qh, Kh, q0, rows, kend, d, rs, KB, scale, causal, m, l, corr, mx)
             single = kend <= KB
             for r in range(rows):
                 if single:                   # St holds exp(s - max) = l P: 1 / l goes into dO
@@ -392,17 +391,17 @@ def attention_backward(out, Q, K, V, GD, Tq, Tk, d, Hn, scale, causal, BR, KB, l
             for k0 in range(0, kend, KB):
                 kb = min(KB, kend - k0)
                 if not single:
-                    _scores(fn, kind, St, Qh, Kh, q0, rows, k0, kb, d, rs, scale)
+                    _scores(gemms, St, Qh, Kh, q0, rows, k0, kb, d, rs, scale)
                     _probabilities(St, rows, kb, q0, k0, causal, m)
-                _mm(fn, kind, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * rs:], rs)     # dV += P^T dO
-                _mm(fn, kind, 0, 1, kb, rows, d, 1.0, Vh[k0 * rs:], rs, dO, d, 0.0, dPt, rows)    # dP^T = V dO^T
+                _mm(gemms, 0, 0, kb, d, rows, 1.0, St, rows, dO, d, 1.0, dv[k0 * rs:], rs)     # dV += P^T dO
+                _mm(gemms, 0, 1, kb, rows, d, 1.0, Vh[k0 * rs:], rs, dO, d, 0.0, dPt, rows)    # dP^T = V dO^T
                 for i in range(kb):                                                           # dS = P (dP - D)
                     at = U(i * rows)
                     for r in range(U(rows)):
                         dPt[at + r] = St[at + r] * (dPt[at + r] - corr[r])
                 # dQ += scale dS K, dK += scale dS^T Q
-                _mm(fn, kind, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * rs:], rs, 1.0, dq[q0 * rs:], rs)
-                _mm(fn, kind, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * rs:], rs, 1.0, dk[k0 * rs:], rs)
+                _mm(gemms, 1, 0, rows, d, kb, scale, dPt, rows, Kh[k0 * rs:], rs, 1.0, dq[q0 * rs:], rs)
+                _mm(gemms, 0, 0, kb, d, rows, scale, dPt, rows, Qh[q0 * rs:], rs, 1.0, dk[k0 * rs:], rs)
     return OK
 
 
@@ -413,11 +412,10 @@ def _run_attention_d(n, lo, hi, ctx, mem, store):
         v.ctx[RUN_EXTENT] = heads
         return OK
     lo, hi = span(lo, hi, heads)
-    fn, kind = v.ctx[RUN_GEMM], v.ctx[RUN_GEMM_KIND]
     status = attention_backward(output(v, n), operand(v, n, 0), operand(v, n, 1), operand(v, n, 2),
                                 operand(v, n, 3), Tq, Tk, d, Hn, v.fp[n, AttentionFP.scale],
                                 v.ip[n, AttentionIP.causal], v.ip[n, AttentionIP.block_rows],
-                                v.ip[n, AttentionIP.block_keys], lo, hi, fn, kind)
+                                v.ip[n, AttentionIP.block_keys], lo, hi, v.ctx)
     return status
 
 

@@ -22,7 +22,7 @@ from enum import IntEnum
 
 from ..errors import GraphError
 from ..graph import Graph, Operand, Tensor
-from ..native import (RUN_EXTENT, RUN_GEMM, RUN_GEMM_KIND, RUN_TILES, data_pointer, gemm, operand, output,
+from ..native import (RUN_EXTENT, RUN_TILES, data_pointer, gemm, gemm_for, operand, output,
                       run_view, span)
 from ..registry import COMPUTE, CUSTOM, DOT, DOT_K, MATMUL, TRANSPOSE, defop, slots
 from ..rules import either, lays_out_products, op
@@ -174,8 +174,6 @@ def _product(v, n, lo, hi):
     so, sa, sb = v.shape[n], v.shape[s0], v.shape[s1]
     ta = v.ip[n, MatmulIP.trans_a]
     tb = v.ip[n, MatmulIP.trans_b]
-    fn = v.ctx[RUN_GEMM]
-    kind = v.ctx[RUN_GEMM_KIND]
     N = so[3]
     lda = sa[3]                              # a stored row-major matrix's leading dim: its columns
     ldb = sb[3]
@@ -187,6 +185,7 @@ def _product(v, n, lo, hi):
     else:
         K = sa[2] if ta else sa[3]
     rows = out.size // N if one_gemm else so[2]
+    fn, kind = gemm_for(v.ctx, rows, N, K, ta, tb)       # the library of the product's bucket (blas.py)
     row_tiles, col_tiles = tiling(rows, N, K, v.ctx[RUN_TILES])
     row_step = (rows + row_tiles - 1) // row_tiles
     col_step = (N + col_tiles - 1) // col_tiles
