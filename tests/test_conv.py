@@ -352,10 +352,10 @@ def test_every_weight_gradient_tile_matches_numpy(dtype, flip):
 def test_the_channel_vector_weight_gradient_matches_numpy(dtype):
     """g laid out channels last (channel_blocks): channel blocks, tap ranges that end in a
     partial block (5 x 9 taps), position chunks that start mid-row and mid-image, a 1x1
-    kernel and dilation."""
+    kernel and dilation (572 positions: chunks of 256 or 128 start mid-row and mid-image)."""
     rng = np.random.default_rng(6)
     for N, Ci, Co, OH, OW, k, d in [(5, 5, 32, 6, 7, 3, 1), (2, 3, 64, 5, 9, 3, 1), (3, 4, 32, 4, 4, 1, 1),
-                                    (2, 2, 32, 5, 6, 3, 2)]:
+                                    (2, 2, 32, 5, 6, 3, 2), (4, 3, 32, 11, 13, 3, 1)]:
         xp = rng.standard_normal((N, Ci, OH + d * (k - 1), OW + d * (k - 1)))
         g = rng.standard_normal((N, Co, OH, OW))
         graph = jg.Graph(dtype)
@@ -373,7 +373,7 @@ def test_the_channel_vector_weight_gradient_matches_numpy(dtype):
 
 def _wide_channels_loss(dtype, checkpoints=None):
     """Convolutions of 32 channels on 8 x 8 planes, whose weight gradients take the
-    channel-vector kernel on a 512-bit host."""
+    channel-vector kernel."""
     rng = np.random.default_rng(7)
     graph = jg.Graph(dtype)
     x = graph.input((3, 4, 8, 8), name="x")
@@ -387,11 +387,11 @@ def _wide_channels_loss(dtype, checkpoints=None):
 
 def test_channel_vector_weight_gradients_are_exact_and_bit_identical():
     """Float64 gradients against finite differences; float32 bits equal at 1 and 2 threads and
-    with sqrt checkpointing; the program uses the channel-vector kernel exactly on 512-bit hosts."""
+    with sqrt checkpointing; the program uses the channel-vector kernel (on every host)."""
     bwd, feeds, ws = _wide_channels_loss(np.float32)
     layouts = [int(bwd.graph.nodes.ip[n, conv_module.ConvWeightIP.layout]) for n in bwd.order
                if bwd.graph.nodes.op[n] == jg.registry.CONV2D_WEIGHT]
-    assert len(layouts) == 3 and layouts.count(conv_module.CHANNELS_LAST) == (3 if WIDE else 0)
+    assert len(layouts) == 3 and layouts.count(conv_module.CHANNELS_LAST) == 3
     got = at_each_thread_count(lambda: [bwd.run(feeds)] + [p.grad for p in ws])
     assert_same_bits(got[1], got[2], "channel-vector weight gradients")
     cp, cfeeds, cws = _wide_channels_loss(np.float32, "sqrt")

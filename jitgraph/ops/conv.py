@@ -20,7 +20,7 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
   product runs as a 1x1 convolution on it.
 * The **weight gradient** is one ``conv2d_weight`` node (conv_weight.py): dW[co, c, i, j]
   summed over images and positions in one pass, never a product per image and a sum; planes
-  narrower than CHANNEL_BELOW with 512-bit vectors read g channels last (a transpose node).
+  narrower than CHANNEL_BELOW read g channels last (a transpose node).
 * The **input gradient** is a convolution too: the output gradient padded (as it is read) by
   ``dilation*(k-1) - padding`` and convolved with the weights flipped and transposed
   (the FLIP mode, which reads w that way: no flipped copy); for phases, each phase's
@@ -89,8 +89,8 @@ class ConvWeightIP(IntEnum):         # conv2d_weight
     contracted = DOT_K
 CHANNELS_FIRST, CHANNELS_LAST = 0, 1
 # the channel-vector weight gradient (conv_weight.channel_blocks) takes g's channels in blocks
-# of CHANNEL_BLOCK, for planes narrower than CHANNEL_BELOW
-CHANNEL_BLOCK, CHANNEL_BELOW = 32, 32
+# of CHANNEL_BLOCK (its two vectors of float32 channels), for planes narrower than CHANNEL_BELOW
+CHANNEL_BLOCK, CHANNEL_BELOW = 2 * (WIDE_BYTES if WIDE else VECTOR_BYTES) // 4, 32
 
 
 def lanes(g: Any) -> int:
@@ -406,9 +406,9 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
     read = either(folded, pad(xp, pad_h, pad_w), xp)
     # planes narrower than CHANNEL_BELOW with whole blocks of channels: g laid out channels last
     # (a transpose the size of g) and the channel-vector kernel, where the lanes run across
-    # channels (512-bit hosts: measured there)
+    # channels (measured on 512-bit and 256-bit hosts: conv_weight.C2, C2_NARROW)
     by_channel = (source == DIRECT) & (mode == FWD) & (groups == 1) & (g.shape[1] % CHANNEL_BLOCK == 0) \
-        & (g.shape[3] < CHANNEL_BELOW) & WIDE
+        & (g.shape[3] < CHANNEL_BELOW)
     weight = dict(like=w, dilation_h=dilation_h, dilation_w=dilation_w, groups=groups, mode=mode,
                   stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),
                   contracted=g.shape[0] * g.shape[2] * g.shape[3])

@@ -7,8 +7,8 @@ Two kernels, both register tiles of partial sums (simd.py):
   accumulator a vector of positions (simd.dot_tile), the images taken a cache-sized chunk at a
   time;
 * ``channel_blocks`` (g channels last, for planes narrower than CHANNEL_BELOW): a tile is two
-  vectors of output channels x 8 taps, x broadcast (simd.channel_tile) -- a narrow plane
-  would fill a position vector only in part.
+  vectors of output channels x 8 taps (6 with 256-bit vectors), x broadcast
+  (simd.channel_tile) -- a narrow plane would fill a position vector only in part.
 
 Units of work are channel blocks (and tap ranges): every element of dW is one fixed sequence
 of operations, whatever the thread count.
@@ -106,6 +106,11 @@ def _tap(t, q, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Cw, mode):
 # 1.40 -> 0.90, 32 x 32 x 32 0.96 -> 0.88 -- but the transpose it reads costs ~0.5 ns an
 # element of g, ~10% of a 32-channel weight gradient: planes of 32 and wider keep dot_tile
 C2, CHANNEL_TAPS = channel_tile(2, 8, WIDE_BYTES), 8
+# 256-bit hosts: 2 vectors x 6 taps (12 accumulators of AVX2's 16 registers, as D0; 4 taps
+# ran no faster).  Against dot_tile's D0, each with its layout's transpose (AMD EPYC Zen 3, one
+# thread, batch 32, 3 x 3): 8 x 8 x 64 channels 0.80-0.83x the time, 16 x 16 x 32 0.93-0.95x,
+# 32 x 32 x 16 1.00-1.04x (planes of 32 keep D0, as on 512-bit hosts)
+C2_NARROW, CHANNEL_TAPS_NARROW = channel_tile(2, 6, VECTOR_BYTES), 6
 
 
 @njit(cache=True, error_model="numpy")
@@ -119,7 +124,7 @@ def channel_blocks(v, n, lo, hi):
     Ci, Hp, Wp = v.shape[xs, 1], v.shape[xs, 2], v.shape[xs, 3]
     kh, kw = v.shape[n, 2], v.shape[n, 3]
     dh, dw = v.ip[n, ConvWeightIP.dilation_h], v.ip[n, ConvWeightIP.dilation_w]
-    L = WIDE_BYTES // v.mem.itemsize
+    L = (WIDE_BYTES if WIDE else VECTOR_BYTES) // v.mem.itemsize
     CB = 2 * L                                 # channels a tile's two vectors hold
     if v.shape[xs, 0] != N or OH != Hp - dh * (kh - 1) or OW != Wp - dw * (kw - 1) or v.shape[n, 0] != Co \
             or v.shape[n, 1] != Ci or Co % CB or v.ip[n, ConvWeightIP.groups] != 1 \
@@ -127,7 +132,7 @@ def channel_blocks(v, n, lo, hi):
         return ERR_BAD_NODE
     T = kh * kw
     K = Ci * T
-    NB = CHANNEL_TAPS
+    NB = CHANNEL_TAPS if WIDE else CHANNEL_TAPS_NARROW
     n_cb, n_tb = Co // CB, (K + NB - 1) // NB
     per = max(1, (n_tb + CHANNEL_UNITS - 1) // CHANNEL_UNITS)    # tap blocks a unit
     n_ranges = (n_tb + per - 1) // per
@@ -154,9 +159,13 @@ def channel_blocks(v, n, lo, hi):
             xp = data_pointer(x[img * Ci * Hp * Wp:])
             for t0 in range(t_lo, t_hi, NB):
                 o = offs[t0:t0 + NB]
-                C2(gp, xp, data_pointer(sums[(t0 - t_lo) * CB:]),
-                   (o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]),
-                   min(NB, t_hi - t0), steps, Co, at % OW, at // OW, OW, OH, Wp, Ci * Hp * Wp)
+                if WIDE:
+                    C2(gp, xp, data_pointer(sums[(t0 - t_lo) * CB:]),
+                       (o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]),
+                       min(NB, t_hi - t0), steps, Co, at % OW, at // OW, OW, OH, Wp, Ci * Hp * Wp)
+                else:
+                    C2_NARROW(gp, xp, data_pointer(sums[(t0 - t_lo) * CB:]), (o[0], o[1], o[2], o[3], o[4], o[5]),
+                              min(NB, t_hi - t0), steps, Co, at % OW, at // OW, OW, OH, Wp, Ci * Hp * Wp)
         for t in range(t_lo, t_hi):
             for c in range(CB):
                 out[(cb * CB + c) * K + t] = sums[(t - t_lo) * CB + c]
