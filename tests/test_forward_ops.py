@@ -199,6 +199,25 @@ def test_transpose(shape, axes, dtype):
     np.testing.assert_array_equal(got, np.transpose(x, axes))
 
 
+@pytest.mark.parametrize("shape,axes", [((32, 16, 32, 32), (0, 2, 3, 1)), ((3, 5, 9, 13), (0, 2, 3, 1)),
+                                        ((2, 7, 8, 8), (0, 2, 3, 1)), ((4, 33, 17, 10), (0, 2, 3, 1)),
+                                        ((100, 37), (1, 0)), ((2, 3, 40, 24), (0, 3, 1, 2)), ((5, 6, 7, 8), (3, 2, 1, 0))])
+def test_transposes_by_tiles_at_every_thread_count(shape, axes, dtype):
+    """Batches of 2-D transposes (channels first -> last, .T) go by vector tiles, 8 x 8 or 4 x 4:
+    whole tiles, the rows and columns past the last one, and tiles cut by a thread's range of
+    rows, at 1 and 2 threads."""
+    x = rand(np.random.default_rng(19), shape, dtype)
+    g = jg.Graph(dtype)
+    t = g.input(shape, name="x")
+    fwd = jg.build_forward(jg.transpose(t, axes))
+    for n in (1, 2):
+        jg.set_num_threads(min(n, jg.threads.max_threads()))
+        try:
+            np.testing.assert_array_equal(fwd.run({t: x}), np.transpose(x, axes), err_msg=f"{n} threads")
+        finally:
+            jg.set_num_threads()
+
+
 def test_transpose_of_size_one_axes_is_a_view():
     g = jg.Graph()
     x = g.input((3, 1, 4))

@@ -108,8 +108,8 @@ def _tap(t, q, n_j, a, b, sh, sw, S, kw, dh, dw, Hp, Wp, T, ti, tj, Cw, mode):
 C2, CHANNEL_TAPS = channel_tile(2, 8, WIDE_BYTES), 8
 # 256-bit hosts: 2 vectors x 6 taps (12 accumulators of AVX2's 16 registers, as D0; 4 taps
 # ran no faster).  Against dot_tile's D0, each with its layout's transpose (AMD EPYC Zen 3, one
-# thread, batch 32, 3 x 3): 8 x 8 x 64 channels 0.80-0.83x the time, 16 x 16 x 32 0.93-0.95x,
-# 32 x 32 x 16 1.00-1.04x (planes of 32 keep D0, as on 512-bit hosts)
+# thread, batch 32, 3 x 3): 8 x 8 x 64 channels 0.72-0.80x the time, 16 x 16 x 32 0.85-0.86x,
+# 32 x 32 x 16 0.85-0.91x (with the tiled transpose, shape.py; before it 0.80, 0.93, 1.05)
 C2_NARROW, CHANNEL_TAPS_NARROW = channel_tile(2, 6, VECTOR_BYTES), 6
 
 

@@ -10,7 +10,8 @@ from numba import njit, uint64 as U
 from ..errors import GraphError
 from ..graph import Tensor, check_shape
 from ..ir import MAX_DIMS, MAX_SRC
-from ..native import operand, output, run_view, span
+from ..native import data_pointer, operand, output, run_view, span
+from ..simd import VECTOR_BYTES, transpose_tile
 from ..registry import CONCAT, FREE, PAD, RESHAPE, ROWS, SLICE, TRANSPOSE, VIEW, defop, slots
 from ..rules import op
 from ..status import OK
@@ -104,9 +105,14 @@ def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     return t.graph._node(TRANSPOSE, (t.id,), shape, ip=perm)        # TransposeIP's slots in order
 
 
+TILE = transpose_tile(VECTOR_BYTES)
+
+
 @njit(cache=True, error_model="numpy")
 def transpose_kernel(out, x, sx, perm, lo, hi):
-    """Output rows [lo, hi) (all axes but the last) of x's axes permuted by perm."""
+    """Output rows [lo, hi) (all axes but the last) of x's axes permuted by perm.  Where the
+    last output axis is strided and the one before it is x's last (a batch of 2-D transposes:
+    channels first <-> channels last, a matrix's .T), L rows at a time go by L x L tiles."""
     c = (sx[1] * sx[2] * sx[3], sx[2] * sx[3], sx[3], 1)
     s0 = c[perm[0]]
     s1 = c[perm[1]]
@@ -116,17 +122,31 @@ def transpose_kernel(out, x, sx, perm, lo, hi):
     n2 = sx[perm[2]]
     n3 = sx[perm[3]]
     step = U(s3)
-    for r in range(lo, hi):
+    L = VECTOR_BYTES // out.itemsize
+    tiled = s3 != 1 and s2 == 1 and n2 >= L and n3 >= L
+    r = lo
+    while r < hi:
         i2 = r % n2
         q = r // n2
         base = U((q // n1) * s0 + (q % n1) * s1 + i2 * s2)
         y = U(r * n3)              # unsigned indices: no wraparound test, no slice per row (ops/windows.py)
+        if tiled and i2 + L <= n2 and r + L <= hi:      # rows r .. r + L - 1: x's elements base + a
+            i3 = 0
+            while i3 + L <= n3:
+                TILE(data_pointer(x[base + step * i3:]), s3, data_pointer(out[y + i3:]), n3)
+                i3 += L
+            for a in range(U(L)):
+                for k in range(U(i3), U(n3)):
+                    out[y + a * n3 + k] = x[base + a + step * k]
+            r += L
+            continue
         if s3 == 1:
             for i3 in range(U(n3)):
                 out[y + i3] = x[base + i3]
         else:
             for i3 in range(U(n3)):
                 out[y + i3] = x[base + step * i3]
+        r += 1
     return OK
 
 
