@@ -75,6 +75,8 @@ def test_gradient_graph_and_bits_are_what_they_were(key, monkeypatch):
         monkeypatch.setattr(ATTENTION_MODULE, "READ_HEADS_AS_THEY_LIE", False)
     # recorded before stride-1 products padded as they read (test_conv: the same bits either way)
     monkeypatch.setattr(CONV_MODULE, "FOLD_PADDING", False)
+    # and before narrow planes' weight gradients read g channels last (test_conv checks that kernel)
+    monkeypatch.setattr(CONV_MODULE, "CHANNEL_BELOW", 0)
     want = expected(key)
     got = rule_graphs.snapshot(CASES[key])
     if "error" in want or "error" in got:
