@@ -457,8 +457,9 @@ def chosen(dtype=np.float32) -> Library:
         lib = _forced(libraries)
         if lib is None and len(libraries) == 1:
             lib = libraries[0]
-        buckets = [lib] * N_BUCKETS
-        if lib is None:
+        if lib is not None:
+            buckets = [lib] * N_BUCKETS
+        else:
             key = f"{host_key(libraries)}-{name}"
             entry = _load_choices().get(key)
             names = {x.name for x in libraries}
