@@ -218,6 +218,38 @@ def test_transposes_by_tiles_at_every_thread_count(shape, axes, dtype):
             jg.set_num_threads()
 
 
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_and_its_gradient_in_place_are_what_they_are_out_of_place(log, dtype):
+    """softmax may write over its dying source (and softmax_d over g or y): the one-array loops
+    of the in-place path give the out-of-place path's bits, in a program whose plan really puts
+    the output on the source (checked), and numpy's values."""
+    rng = np.random.default_rng(21)
+    x = rand(rng, (6, 5, 37), dtype)
+    w = rand(rng, (6, 5, 37), dtype)
+    f = jg.log_softmax if log else jg.softmax
+
+    g = jg.Graph(dtype)
+    t = g.param(x, name="x")
+    src = t * 2.0                                         # an intermediate that dies at the softmax
+    y = f(src, -1)
+    bwd = jg.build_backward(jg.build_forward(jg.sum(y * g.const(w))), fuse=False)
+    if not log:                                           # log_softmax reads x after writing: never in place
+        assert bwd.off[y.id] == bwd.off[src.id], "the plan did not put softmax on its source"
+    loss = np.asarray(bwd.run())
+    grad = np.array(t.grad)
+    ref_x = 2 * x
+    want = ref_x - ref_x.max(-1, keepdims=True)
+    want = want - np.log(np.exp(want).sum(-1, keepdims=True)) if log else \
+        np.exp(want) / np.exp(want).sum(-1, keepdims=True)
+    np.testing.assert_allclose(loss, (want * w).sum(), **tol(dtype))
+    # the same program out of place, on the doubled input: its bits
+    g2 = jg.Graph(dtype)
+    t2 = g2.param(ref_x, name="x")
+    b2 = jg.build_backward(jg.build_forward(jg.sum(f(t2, -1) * g2.const(w))), fuse=False)
+    np.testing.assert_array_equal(np.asarray(b2.run()), loss)
+    np.testing.assert_array_equal(2 * np.array(t2.grad), grad)
+
+
 def test_transpose_of_size_one_axes_is_a_view():
     g = jg.Graph()
     x = g.input((3, 1, 4))

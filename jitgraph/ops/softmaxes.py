@@ -19,7 +19,7 @@ from numba import njit
 from ..errors import GraphError
 from ..graph import Operand, Tensor
 from ..ir import F_INDEX, MAX_DIMS
-from ..native import RUN_DETAIL, RUN_EXTENT, operand, output, run_view, span
+from ..native import RUN_DETAIL, RUN_EXTENT, operand, output, run_view, same_data, span
 from ..registry import (COMPUTE, CROSS_ENTROPY, CROSS_ENTROPY_D, CROSS_ENTROPY_INDEX, CROSS_ENTROPY_INDEX_D, CUSTOM,
                         LOG_SOFTMAX, LOG_SOFTMAX_D, ROWS, SOFTMAX, SOFTMAX_D, defop, slots)
 from ..rules import op
@@ -87,8 +87,12 @@ def shifted_exps(o, xs):
     -inf, which then comes out uniform rather than NaN)."""
     mx = max8(xs)
     mx = in_dtype_of(xs, 0.0) if mx == in_dtype_of(xs, -np.inf) else mx
-    for j in range(xs.size):
-        o[j] = vmath.exp(xs[j] - mx)
+    if same_data(o, xs):          # in place (softmax may take its source's buffer): one array, or
+        for j in range(o.size):   # LLVM's overlap check picks its scalar loop (5.7 vs 1.6 ns an element)
+            o[j] = vmath.exp(o[j] - mx)
+    else:
+        for j in range(xs.size):
+            o[j] = vmath.exp(xs[j] - mx)
     return mx
 
 
@@ -186,14 +190,29 @@ def softmax_d_lines(out, g, y, lo, hi, m, inner, log):
             o = out[b:b + m]
             gs = g[b:b + m]
             ys = y[b:b + m]
+            # in place over g or y: that one array read and written (see shifted_exps)
             if log:
                 s = sum8(gs)
-                for j in range(m):
-                    o[j] = gs[j] - vmath.exp(ys[j]) * s
+                if same_data(o, gs):
+                    for j in range(m):
+                        o[j] = o[j] - vmath.exp(ys[j]) * s
+                elif same_data(o, ys):
+                    for j in range(m):
+                        o[j] = gs[j] - vmath.exp(o[j]) * s
+                else:
+                    for j in range(m):
+                        o[j] = gs[j] - vmath.exp(ys[j]) * s
             else:
                 s = dot8(gs, ys)
-                for j in range(m):
-                    o[j] = ys[j] * (gs[j] - s)
+                if same_data(o, gs):
+                    for j in range(m):
+                        o[j] = ys[j] * (o[j] - s)
+                elif same_data(o, ys):
+                    for j in range(m):
+                        o[j] = o[j] * (gs[j] - s)
+                else:
+                    for j in range(m):
+                        o[j] = ys[j] * (gs[j] - s)
         else:
             s = in_dtype_of(g, 0.0)
             for j in range(m):
