@@ -452,6 +452,26 @@ def test_residual_blocks_are_bit_identical_at_1_and_2_threads_and_checkpointed()
     assert cp.peak_bytes < bwd.peak_bytes
 
 
+@pytest.mark.parametrize("stride", [2, 3])
+def test_phases_and_their_adjoint_are_im2col_and_col2im_on_every_size(stride):
+    """The phases kernel (a kernel equal to its stride) against the naive im2col / col2im on
+    even and odd sizes and paddings up to the stride: stride 2's branch-free middle columns
+    and its edges, rows the phases do not reach, every element written (the outputs start
+    as NaN)."""
+    from jitgraph.ops.windows import out_size, phases_kernel
+    for H, W in ((5, 6), (7, 9), (8, 8), (9, 33), (16, 17), (32, 32)):
+        for p in range(stride + 1):
+            OH, OW = out_size(H, stride, stride, p, 1), out_size(W, stride, stride, p, 1)
+            x = RNG.standard_normal((2, 3, H, W)).astype(np.float32)
+            want = im2col_ref(x, stride, stride, p)
+            cols = np.full(want.size, np.nan, np.float32)
+            phases_kernel(cols, x.ravel(), H, W, OH, OW, stride, stride, p, p, 0, 6, False)
+            assert np.array_equal(cols, want.ravel()), (H, W, p)
+            back = np.full(x.size, np.nan, np.float32)
+            phases_kernel(cols, back, H, W, OH, OW, stride, stride, p, p, 0, 6, True)
+            assert np.array_equal(back, col2im_ref(want, (H, W), stride, stride, p).ravel()), (H, W, p)
+
+
 def test_the_memory_plan_counts_the_windows_the_phases_and_the_padding():
     """A strided convolution's phases (N, C*s*s, H/s, W/s) or windows (N, C*kh*kw, OH, OW) are
     arena tensors of the plan, live from their conv2d to the weight gradient that reads them;

@@ -104,9 +104,13 @@ def phases_kernel(cols, x, H, W, OH, OW, sh, sw, ph, pw, lo, hi, back):
     together: stride 2's two in one loop); col2im writes 0 + value where the general
     kernel adds the one value into a zeroed plane (the same bits)."""
     size = sh * sw * OH * OW
+    # stride 2's columns whose two phase values both lie in the row: a branch-free loop that
+    # (de)interleaves whole vectors; the one or two columns at the edges test each value
+    a, b = (pw + 1) // 2, max(min(OW, (W + pw) // 2), (pw + 1) // 2)
+    covered = OH * sh - ph >= H and OW * sw - pw >= W      # every input element in a phase
     for u in range(lo, hi):
         plane, phases = U(u * H * W), U(u * size)
-        if back:
+        if back and not covered:
             for t in range(U(H * W)):
                 x[plane + t] = 0.0
         for hp in range(OH * sh):
@@ -120,17 +124,27 @@ def phases_kernel(cols, x, H, W, OH, OW, sh, sw, ph, pw, lo, hi, back):
                 continue
             row = plane + U(h * W)
             if sw == 2:
-                b = r + U(OH * OW)
-                for ow in range(OW):
+                e = r + U(OH * OW)                                   # phase (i, 1)'s row oh
+                src, n = row + U(2 * a - pw), U(b - a)
+                if back:
+                    for t in range(n):
+                        x[src + U(2) * t] = 0.0 + cols[r + U(a) + t]
+                        x[src + U(2) * t + U(1)] = 0.0 + cols[e + U(a) + t]
+                else:
+                    for t in range(n):
+                        cols[r + U(a) + t] = x[src + U(2) * t]
+                        cols[e + U(a) + t] = x[src + U(2) * t + U(1)]
+                for k in range(OW - (b - a)):                        # columns [0, a) and [b, OW)
+                    ow = k if k < a else k + b - a
                     q = 2 * ow - pw
                     if back:
                         if 0 <= q < W:
                             x[row + U(q)] = 0.0 + cols[r + U(ow)]
                         if 0 <= q + 1 < W:
-                            x[row + U(q + 1)] = 0.0 + cols[b + U(ow)]
+                            x[row + U(q + 1)] = 0.0 + cols[e + U(ow)]
                     else:
                         cols[r + U(ow)] = x[row + U(q)] if 0 <= q < W else 0.0
-                        cols[b + U(ow)] = x[row + U(q + 1)] if 0 <= q + 1 < W else 0.0
+                        cols[e + U(ow)] = x[row + U(q + 1)] if 0 <= q + 1 < W else 0.0
                 continue
             for j in range(sw):
                 rj = r + U(j * OH * OW)
