@@ -10,7 +10,7 @@ import jitgraph as jg
 import jitgraph.registry  # noqa: F401 -- jg.registry
 from jitgraph.native import data_pointer
 from jitgraph.ops import conv as conv_module
-from jitgraph.ops.windows import col2im, im2col
+from jitgraph.ops.windows import col2im, im2col, out_size, phases_kernel
 from jitgraph.ops.conv import TILE_SHAPES, _fma, lanes, pick_tile
 from jitgraph.ops.conv_weight import conv2d_weight, weight_tile
 from jitgraph.simd import VECTOR_BYTES, WIDE, WIDE_BYTES
@@ -458,7 +458,6 @@ def test_phases_and_their_adjoint_are_im2col_and_col2im_on_every_size(stride):
     even and odd sizes and paddings up to the stride: stride 2's branch-free middle columns
     and its edges, rows the phases do not reach, every element written (the outputs start
     as NaN)."""
-    from jitgraph.ops.windows import out_size, phases_kernel
     for H, W in ((5, 6), (7, 9), (8, 8), (9, 33), (16, 17), (32, 32)):
         for p in range(stride + 1):
             OH, OW = out_size(H, stride, stride, p, 1), out_size(W, stride, stride, p, 1)

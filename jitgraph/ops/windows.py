@@ -104,9 +104,12 @@ def phases_kernel(cols, x, H, W, OH, OW, sh, sw, ph, pw, lo, hi, back):
     together: stride 2's two in one loop); col2im writes 0 + value where the general
     kernel adds the one value into a zeroed plane (the same bits)."""
     size = sh * sw * OH * OW
-    # stride 2's columns whose two phase values both lie in the row: a branch-free loop that
-    # (de)interleaves whole vectors; the one or two columns at the edges test each value
-    a, b = (pw + 1) // 2, max(min(OW, (W + pw) // 2), (pw + 1) // 2)
+    # stride 2's columns [a, b) whose two phase values both lie in the row: a branch-free loop
+    # that (de)interleaves whole vectors; the one or two columns at the edges test each value
+    a0, b0 = valid_columns(OW, W, 2, -pw)
+    a1, b1 = valid_columns(OW, W, 2, 1 - pw)
+    a = max(a0, a1)
+    b = max(min(b0, b1), a)
     covered = OH * sh - ph >= H and OW * sw - pw >= W      # every input element in a phase
     for u in range(lo, hi):
         plane, phases = U(u * H * W), U(u * size)
