@@ -253,8 +253,12 @@ def run_context(G, loc, off, mem, store, salt, natives, runners, chunks, groups)
     ctx[RUN_N_CHUNKS] = chunks.size
     ctx[RUN_GROUPS] = address_of(groups)
     ctx[RUN_N_GROUPS] = groups.size
-    ctx[RUN_CHUNK:RUN_CTX] = 0
-    ctx[RUN_GEMMS:RUN_CTX] = natives[4:4 + 2 * N_GEMM_BUCKETS]
+    # element by element: an array-to-array slice assignment makes Numba compile its shape
+    # mismatch message (string formatting, ~1.8 s of a cold first gradient, measured)
+    for i in range(RUN_CHUNK, RUN_CTX):
+        ctx[i] = 0
+    for i in range(2 * N_GEMM_BUCKETS):
+        ctx[RUN_GEMMS + i] = natives[4 + i]
     ctx[RUN_RUNNERS] = address_of(runners)
     ctx[RUN_N_RUNNERS] = runners.size
     return ctx
