@@ -340,6 +340,34 @@ def test_results_and_updates_do_not_depend_on_the_thread_count():
         assert np.all(np.isfinite(a)) and a.tobytes() == b_.tobytes()
 
 
+@pytest.mark.parametrize("C, S", [(21, 64), (5, 3), (3, 100), (2, 1024), (2, 1500)], ids=str)
+def test_reduction_kernels_by_channel_blocks_and_by_plane(C, S, dtype):
+    """The statistics and the gradient sums, against float64 numpy, for planes that go a block
+    of channels at a time (S <= WIDTH; C = 21 with 8 x 8 planes ends in a part block) and a
+    plane at a time (S > WIDTH); any split of the channels into units gives the same bits."""
+    from jitgraph.ops.batchnorm import WIDTH, stats_kernel, sums_kernel
+    assert (S <= WIDTH) == (S < 1500)
+    rng = np.random.default_rng(C * S)
+    N = 6
+    x = rng.normal(0.7, 3.0, N * C * S).astype(dtype)
+    g = rng.standard_normal(N * C * S).astype(dtype)
+    x3, g3 = x.reshape(N, C, S).astype(np.float64), g.reshape(N, C, S).astype(np.float64)
+    stats, sums = np.full(2 * C, np.nan, dtype), np.full(4 * C, np.nan, dtype)
+    assert stats_kernel(stats, x, C, S, 0, C) == 0 and sums_kernel(sums, g, x, stats, C, S, 1e-5, 0, C) == 0
+    mean, var = x3.mean((0, 2)), x3.var((0, 2))
+    xhat = (x3 - mean[None, :, None]) / np.sqrt(var[None, :, None] + 1e-5)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(stats, np.concatenate([mean, var]), **tol)
+    np.testing.assert_allclose(sums, np.concatenate([mean, var, (g3 * xhat).sum((0, 2)), g3.sum((0, 2))]),
+                               rtol=tol["rtol"] * 10, atol=tol["atol"] * 10 * np.sqrt(N * S))
+    for cut in sorted({1, C // 2, C - 1} - {0, C}):
+        parts, psums = np.full(2 * C, np.nan, dtype), np.full(4 * C, np.nan, dtype)
+        for lo, hi in ((0, cut), (cut, C)):
+            stats_kernel(parts, x, C, S, lo, hi)
+            sums_kernel(psums, g, x, stats, C, S, 1e-5, lo, hi)
+        assert parts.tobytes() == stats.tobytes() and psums.tobytes() == sums.tobytes()
+
+
 # ---- errors -------------------------------------------------------------------------------------------
 def test_bad_arguments_raise_naming_the_tensor():
     g = jg.Graph()
