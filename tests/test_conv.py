@@ -541,6 +541,59 @@ def test_folded_padding_matches_direct_loops_and_finite_differences():
     assert result.ok, result
 
 
+# (input, weight, kwargs, whether the input gradient is made as x's own phases): the stride divides x's
+# size and the padded input's phases hold all of x -- else the 1x1 product onto the windows and col2im
+OWN_PHASES = {
+    "3x3, stride 2, padding 1": ((2, 3, 16, 32), (5, 3, 3, 3), dict(stride=2, padding=1), True),
+    "4x4, stride 2, padding 1": ((2, 2, 16, 32), (3, 2, 4, 4), dict(stride=2, padding=1), True),
+    "5x5, stride 2, padding 2: phases start in 2 rows": ((1, 2, 16, 32), (3, 2, 5, 5), dict(stride=2, padding=2), True),
+    "padding (1, 0)": ((2, 3, 16, 32), (4, 3, 3, 3), dict(stride=2, padding=(1, 0)), True),
+    "stride (2, 3), no padding": ((1, 3, 12, 54), (8, 3, 3, 4), dict(stride=(2, 3)), True),
+    "groups of 2": ((2, 4, 16, 34), (6, 2, 3, 3), dict(stride=2, padding=1, groups=2), True),
+    "odd sizes": ((2, 3, 15, 33), (5, 3, 3, 3), dict(stride=2, padding=1), False),
+    "stride 3, padding 1: the last row in no phase": ((1, 2, 12, 36), (3, 2, 3, 3), dict(stride=3, padding=1), False),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", list(OWN_PHASES))
+def test_strided_input_gradients_as_x_own_phases(case, dtype):
+    """The input gradient of a strided convolution on phases: x's own phases made by one FLIP
+    product (each from row and column (a + p) // s of the padded input's phase (a + p) % s) and
+    put in place by col2im, where they cover x -- against numpy, float64 and float32."""
+    xs, ws, kw, own = OWN_PHASES[case]
+    rng = np.random.default_rng(len(case))
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    want = conv2d_ref(x, w, **kw)
+    g = rng.standard_normal(want.shape)
+    bwd, xt, wt, _ = conv_program(x, w, g, dtype, **kw)
+    nodes = bwd.graph.nodes
+    ids = bwd.run_order
+    stride = pairs(kw["stride"])
+    # col2im of x's phases: kernel = stride, no padding (the windows' col2im has the kernel's size)
+    by_phases = [n for n in ids if nodes.op[n] == jg.registry.COL2IM and tuple(nodes.ip[n, :2]) == stride
+                 and tuple(nodes.ip[n, 4:6]) == (0, 0) and tuple(nodes.shape[n]) == xs]
+    assert bool(by_phases) == own
+    bwd.run()
+    dx, dw = conv2d_grads_ref(x, w, g, **kw)
+    tol = dict(rtol=1e-11, atol=1e-11) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(xt.grad, dx, **tol)
+    np.testing.assert_allclose(wt.grad, dw, **tol)
+
+
+def test_second_derivatives_through_x_own_phases():
+    """d/d(x, w) of |grad_x|^2 where grad_x is made as x's own phases (4x4 kernel, padding 1):
+    the FLIP product's rule reads its gradient as the padded input's phases."""
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((1, 2, 6, 8)) / 2, rng.standard_normal((2, 2, 4, 4)) / 2
+
+    def fn(a, b):
+        gx = jg.grad(jg.sum(jg.sqr(jg.conv2d(a, b, stride=2, padding=1))), [a])[0]
+        return jg.sum(jg.sqr(gx))
+    res = jg.check_grads(fn, [x, w])
+    assert res.ok and res.n_checked == x.size + w.size, res
+
+
 @pytest.mark.parametrize("size, stride, padding", [((32, 32), 2, 1), ((7, 9), 2, 0), ((8, 7), 3, 1), ((9, 9), 3, 2),
                                                    ((5, 6), 2, 1), ((6, 11), (2, 3), (1, 2)), ((4, 4), 2, 3)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -55,7 +55,7 @@ from ..simd import VECTOR_BYTES, WIDE, WIDE_BYTES, fma_tile
 from ..status import ERR_BAD_NODE, OK
 from .common import need_tensor
 from .shape import reshape
-from .windows import Pair, int_pair, im2col, out_size, pad
+from .windows import Pair, WindowsIP, int_pair, im2col, out_size, pad
 
 FWD, FLIP = 0, 1                     # mode: the weights as stored, or flipped and transposed (an input gradient)
 # a stride-1 product pads its input as it reads it (row blocks of the padded input in a scratch the
@@ -302,7 +302,16 @@ def conv_tiles(v, n, lo, hi):
     S_in, S_out = (S, 1) if mode == FWD else (1, S)       # phases read (FWD) or made (FLIP)
     Cr, Og = Ci // S_in // groups, Co // S_out // groups  # reduced and output channels per group
     rows, cols = (Co, Cr) if mode == FWD else (Ci, Og)
-    if OH != Hp - Pi or OW != Wp - Pj or v.shape[ws, 0] != rows or v.shape[ws, 1] != cols or Ci % (S_in * groups) \
+    # a FLIP of phases with a padding p makes the phases of the unpadded input: x's phase (a, b) is
+    # the padded input's phase ((a + p) % s, ...) from its row (a + p) // s, column (b + p) // s on
+    made_x_phases = kind == PHASES and mode == FLIP
+    xh, xw = (pad_h, pad_w) if made_x_phases else (0, 0)
+    eh, ew = (sh - 1 + xh) // sh, (sw - 1 + xw) // sw     # the most rows / columns a phase starts in
+    if made_x_phases:
+        bad = OH + eh > Hp - Pi or OW + ew > Wp - Pj
+    else:
+        bad = OH != Hp - Pi or OW != Wp - Pj
+    if bad or v.shape[ws, 0] != rows or v.shape[ws, 1] != cols or Ci % (S_in * groups) \
             or Co % (S_out * groups) or N != v.shape[n, 0]:
         return ERR_BAD_NODE                  # the builders never make one: no kernel reads out of bounds
     L = VECTOR_BYTES // v.mem.itemsize
@@ -340,7 +349,7 @@ def conv_tiles(v, n, lo, hi):
         first = 0
         for pa in range(sh if mode == FWD else 1):
             for pb in range(sw if mode == FWD else 1):
-                a, b = (pa, pb) if mode == FWD else (ph // sw, ph % sw)
+                a, b = (pa, pb) if mode == FWD else ((ph // sw + xh) % sh, (ph % sw + xw) % sw)
                 n_i, n_j = (kh - a + sh - 1) // sh, (kw - b + sw - 1) // sw
                 if mode == FWD:        # w[co, c, i*sh + a, j*sw + b]: rows co, channels c
                     if n_i == 0 or n_j == 0:
@@ -351,7 +360,8 @@ def conv_tiles(v, n, lo, hi):
                     oo = ((img * Co + grp * Og + m0) * OH + r0) * OW + q0
                     om = OH * OW
                 else:                  # w[co, c, (n_i-1-i)*sh + a, ...]: rows c, channels co (no tap: zeros)
-                    xo = ((img * Ci + grp * Cr) * Hp + r0 + (ti + 1 - n_i) * dh) * Wp + q0 + (tj + 1 - n_j) * dw
+                    xo = ((img * Ci + grp * Cr) * Hp + r0 + (ph // sw + xh) // sh + (ti + 1 - n_i) * dh) * Wp \
+                        + q0 + (ph % sw + xw) // sw + (tj + 1 - n_j) * dw
                     wo = grp * Cr * Og * T + m0 * T + ((n_i - 1) * sh + a) * kw + (n_j - 1) * sw + b
                     if n_i == 0 or n_j == 0:
                         xo, wo = 0, 0
@@ -394,15 +404,26 @@ def _channels_first(t: Sym) -> Sym:
                         axis3=2)
 
 
-def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h, stride_w):
+def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h, stride_w):
     """y = conv(x, w) reading xp: dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded
-    by d(k-1) - p; for phases, the phases' FLIP product, or, when they are x's phases, col2im of
-    the windows' gradient (the 1x1 FLIP product of g with w seen as (C_out, C_in/groups*kh*kw, 1, 1):
-    faster than each phase's own product, whose planes are one row and column wider than g); for
-    windows, col2im of the 1x1 FLIP product.  A FLIP node's own input gradient is the FWD
-    convolution of its gradient."""
+    by d(k-1) - p; for phases, the phases' FLIP product: when they are the phases of x padded by
+    p, a FLIP that makes x's own phases (planes the size of g's when s divides x's size) put in
+    place by col2im, else col2im of the windows' gradient (the 1x1 FLIP product of g with w seen
+    as (C_out, C_in/groups*kh*kw, 1, 1)); for windows, col2im of the 1x1 FLIP product.  A FLIP
+    node's own input gradient is the FWD convolution of its gradient (for one that made x's
+    phases, that gradient laid out as the padded input's phases first)."""
     kh, kw = w.shape[2], w.shape[3]
     phases = source == PHASES
+    S = stride_h * stride_w
+    # a FLIP that made x's phases: its gradient as the phases of x padded by p, which the rules read
+    H, W = out.shape[2] * stride_h, out.shape[3] * stride_w
+    whole = op.col2im(g, like=out, dims={1: out.shape[1] // S, 2: H, 3: W}, kernel_h=stride_h, kernel_w=stride_w,
+                      stride_h=stride_h, stride_w=stride_w, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1)
+    padded_phases = op.im2col(whole, like=out, dims={2: (H + 2 * pad_h - stride_h) // stride_h + 1,
+                                                     3: (W + 2 * pad_w - stride_w) // stride_w + 1},
+                              kernel_h=stride_h, kernel_w=stride_w, stride_h=stride_h, stride_w=stride_w, pad_h=pad_h,
+                              pad_w=pad_w, dilation_h=1, dilation_w=1)
+    g = either(phases & (mode == FLIP) & ((pad_h > 0) | (pad_w > 0)), padded_phases, g)
     # a DIRECT product that pads as it reads (FOLD_PADDING: it reads x itself): its weight gradient
     # reads a padded copy, made here; its input gradient pads g as it reads it too
     folded = (source == DIRECT) & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
@@ -424,11 +445,22 @@ def _conv2d_vjp(g, x, w, xp, dilation_h, dilation_w, groups, mode, pad_h, pad_w,
     x_phases = op.col2im(product, like=x, params_from=xp, kernel_h=kh, kernel_w=kw)
     phases_as_such = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), xp, FLIP, (1, 1), groups,
                            PHASES, stride=(stride_h, stride_w))
+    # x's phases, when the padded input's phases hold all of x and s divides its size (x.id != xp.id:
+    # xp is the im2col that split x, padded by its pad_h / pad_w)
+    p_h, p_w = xp.ip(WindowsIP.pad_h), xp.ip(WindowsIP.pad_w)
+    whole_phases = (x.shape[2] % stride_h == 0) & (x.shape[3] % stride_w == 0) \
+        & (xp.shape[2] * stride_h - p_h >= x.shape[2]) & (xp.shape[3] * stride_w - p_w >= x.shape[3])
+    own_phases = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), x, FLIP, (1, 1), groups, PHASES,
+                       pad_hw=(p_h, p_w), stride=(stride_h, stride_w),
+                       dims={1: x.shape[1] * S, 2: x.shape[2] // stride_h, 3: x.shape[3] // stride_w})
+    x_own_phases = op.col2im(own_phases, like=x, kernel_h=stride_h, kernel_w=stride_w, stride_h=stride_h,
+                             stride_w=stride_w, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1)
     qh, qw = dilation_h * (kh - 1) - pad_h, dilation_w * (kw - 1) - pad_w
     direct = _conv(g, w, either(folded, g, pad(g, qh, qw)), x, 1 - mode, (dilation_h, dilation_w), groups, DIRECT,
                    pad_hw=(qh, qw))
     dx = either(source == WINDOWS, windows, either(
-        phases, either(mode == FLIP, flip_phases, either(x.id != xp.id, x_phases, phases_as_such)), direct))
+        phases, either(mode == FLIP, flip_phases, either(x.id != xp.id, either(whole_phases, x_own_phases, x_phases),
+                                                             phases_as_such)), direct))
     return dx, dw, None
 
 
