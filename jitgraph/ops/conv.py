@@ -404,6 +404,13 @@ def _channels_first(t: Sym) -> Sym:
                         axis3=2)
 
 
+def _merge_phases(t: Sym, sh, sw, **shape) -> Sym:
+    """In a rule: the (N, C*sh*sw, H/sh, W/sw) phases t of an unpadded input put back in place
+    (a col2im whose kernel is the stride: each element written once)."""
+    return op.col2im(t, **shape, kernel_h=sh, kernel_w=sw, stride_h=sh, stride_w=sw, pad_h=0, pad_w=0, dilation_h=1,
+                     dilation_w=1)
+
+
 def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h, stride_w):
     """y = conv(x, w) reading xp: dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded
     by d(k-1) - p; for phases, the phases' FLIP product: when they are the phases of x padded by
@@ -417,8 +424,7 @@ def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, p
     S = stride_h * stride_w
     # a FLIP that made x's phases: its gradient as the phases of x padded by p, which the rules read
     H, W = out.shape[2] * stride_h, out.shape[3] * stride_w
-    whole = op.col2im(g, like=out, dims={1: out.shape[1] // S, 2: H, 3: W}, kernel_h=stride_h, kernel_w=stride_w,
-                      stride_h=stride_h, stride_w=stride_w, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1)
+    whole = _merge_phases(g, stride_h, stride_w, like=out, dims={1: out.shape[1] // S, 2: H, 3: W})
     padded_phases = op.im2col(whole, like=out, dims={2: (H + 2 * pad_h - stride_h) // stride_h + 1,
                                                      3: (W + 2 * pad_w - stride_w) // stride_w + 1},
                               kernel_h=stride_h, kernel_w=stride_w, stride_h=stride_h, stride_w=stride_w, pad_h=pad_h,
@@ -453,8 +459,7 @@ def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, p
     own_phases = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), x, FLIP, (1, 1), groups, PHASES,
                        pad_hw=(p_h, p_w), stride=(stride_h, stride_w),
                        dims={1: x.shape[1] * S, 2: x.shape[2] // stride_h, 3: x.shape[3] // stride_w})
-    x_own_phases = op.col2im(own_phases, like=x, kernel_h=stride_h, kernel_w=stride_w, stride_h=stride_h,
-                             stride_w=stride_w, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1)
+    x_own_phases = _merge_phases(own_phases, stride_h, stride_w, like=x)
     qh, qw = dilation_h * (kh - 1) - pad_h, dilation_w * (kw - 1) - pad_w
     direct = _conv(g, w, either(folded, g, pad(g, qh, qw)), x, 1 - mode, (dilation_h, dilation_w), groups, DIRECT,
                    pad_hw=(qh, qw))
