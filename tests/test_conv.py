@@ -581,6 +581,31 @@ def test_strided_input_gradients_as_x_own_phases(case, dtype):
     np.testing.assert_allclose(wt.grad, dw, **tol)
 
 
+def test_x_own_phases_are_bit_identical_at_1_and_2_threads_and_checkpointed():
+    """The FLIP product that makes x's own phases is big enough here to be split over threads
+    (4 x 32 x 16 x 16 phase planes); its gradients are the same bits at 1 and 2 threads and with
+    sqrt checkpointing."""
+    def loss(checkpoints=None):
+        rng = np.random.default_rng(3)
+        graph = jg.Graph(np.float32)
+        x = graph.param(rng.standard_normal((4, 8, 32, 32)), name="x")
+        w1 = graph.param(rng.standard_normal((16, 8, 3, 3)) * 0.2, name="w1")
+        w2 = graph.param(rng.standard_normal((16, 16, 3, 3)) * 0.2, name="w2")
+        h = jg.relu(jg.conv2d(jg.relu(x), w1, stride=2, padding=1))
+        h = jg.relu(jg.conv2d(h, w2, padding=1) + h)
+        bwd = jg.build_backward(jg.build_forward(jg.mean(jg.sqr(h))), checkpoints=checkpoints)
+        return bwd, [x, w1, w2]
+    bwd, ps = loss()
+    nodes = bwd.graph.nodes
+    assert any(nodes.op[n] == jg.registry.COL2IM and tuple(nodes.ip[n, :6]) == (2, 2, 2, 2, 0, 0)
+               for n in bwd.run_order)                          # x's own phases put in place
+    got = at_each_thread_count(lambda: [bwd.run()] + [p.grad for p in ps])
+    assert_same_bits(got[1], got[2], "x's own phases")
+    cp, cps = loss("sqrt")
+    again = [np.asarray(cp.run())] + [p.grad for p in cps]
+    assert_same_bits(got[1], again, "x's own phases, sqrt checkpointing")
+
+
 def test_second_derivatives_through_x_own_phases():
     """d/d(x, w) of |grad_x|^2 where grad_x is made as x's own phases (4x4 kernel, padding 1):
     the FLIP product's rule reads its gradient as the padded input's phases."""
