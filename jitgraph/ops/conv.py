@@ -306,9 +306,8 @@ def conv_tiles(v, n, lo, hi):
     # the padded input's phase ((a + p) % s, ...) from its row (a + p) // s, column (b + p) // s on
     made_x_phases = kind == PHASES and mode == FLIP
     xh, xw = (pad_h, pad_w) if made_x_phases else (0, 0)
-    eh, ew = (sh - 1 + xh) // sh, (sw - 1 + xw) // sw     # the most rows / columns a phase starts in
-    if made_x_phases:
-        bad = OH + eh > Hp - Pi or OW + ew > Wp - Pj
+    if made_x_phases:                        # a phase starts at most (s - 1 + p) // s rows / columns in
+        bad = OH + (sh - 1 + xh) // sh > Hp - Pi or OW + (sw - 1 + xw) // sw > Wp - Pj
     else:
         bad = OH != Hp - Pi or OW != Wp - Pj
     if bad or v.shape[ws, 0] != rows or v.shape[ws, 1] != cols or Ci % (S_in * groups) \
@@ -346,10 +345,11 @@ def conv_tiles(v, n, lo, hi):
         grp = c // (S_out * n_c)
         ph = c // n_c % S_out
         m0 = min((c % n_c) * MR, Og - MR)
+        ya, yb = ph // sw + xh, ph % sw + xw     # FLIP: the phase made, shifted by x's padding
         first = 0
         for pa in range(sh if mode == FWD else 1):
             for pb in range(sw if mode == FWD else 1):
-                a, b = (pa, pb) if mode == FWD else ((ph // sw + xh) % sh, (ph % sw + xw) % sw)
+                a, b = (pa, pb) if mode == FWD else (ya % sh, yb % sw)
                 n_i, n_j = (kh - a + sh - 1) // sh, (kw - b + sw - 1) // sw
                 if mode == FWD:        # w[co, c, i*sh + a, j*sw + b]: rows co, channels c
                     if n_i == 0 or n_j == 0:
@@ -360,8 +360,8 @@ def conv_tiles(v, n, lo, hi):
                     oo = ((img * Co + grp * Og + m0) * OH + r0) * OW + q0
                     om = OH * OW
                 else:                  # w[co, c, (n_i-1-i)*sh + a, ...]: rows c, channels co (no tap: zeros)
-                    xo = ((img * Ci + grp * Cr) * Hp + r0 + (ph // sw + xh) // sh + (ti + 1 - n_i) * dh) * Wp \
-                        + q0 + (ph % sw + xw) // sw + (tj + 1 - n_j) * dw
+                    xo = ((img * Ci + grp * Cr) * Hp + r0 + ya // sh + (ti + 1 - n_i) * dh) * Wp \
+                        + q0 + yb // sw + (tj + 1 - n_j) * dw
                     wo = grp * Cr * Og * T + m0 * T + ((n_i - 1) * sh + a) * kw + (n_j - 1) * sw + b
                     if n_i == 0 or n_j == 0:
                         xo, wo = 0, 0
@@ -449,15 +449,14 @@ def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, p
     wv = op.reshape(w, like=w, dims={1: w.shape[1] * kh * kw, 2: 1, 3: 1})
     product = _conv(g, wv, g, g, FLIP, (1, 1), groups, DIRECT, dims={1: wv.shape[1] * groups})
     x_phases = op.col2im(product, like=x, params_from=xp, kernel_h=kh, kernel_w=kw)
-    phases_as_such = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), xp, FLIP, (1, 1), groups,
-                           PHASES, stride=(stride_h, stride_w))
+    g_reach = pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w)      # g padded by the longest phase's reach
+    phases_as_such = _conv(g, w, g_reach, xp, FLIP, (1, 1), groups, PHASES, stride=(stride_h, stride_w))
     # x's phases, when the padded input's phases hold all of x and s divides its size (x.id != xp.id:
     # xp is the im2col that split x, padded by its pad_h / pad_w)
     p_h, p_w = xp.ip(WindowsIP.pad_h), xp.ip(WindowsIP.pad_w)
     whole_phases = (x.shape[2] % stride_h == 0) & (x.shape[3] % stride_w == 0) \
         & (xp.shape[2] * stride_h - p_h >= x.shape[2]) & (xp.shape[3] * stride_w - p_w >= x.shape[3])
-    own_phases = _conv(g, w, pad(g, (kh - 1) // stride_h, (kw - 1) // stride_w), x, FLIP, (1, 1), groups, PHASES,
-                       pad_hw=(p_h, p_w), stride=(stride_h, stride_w),
+    own_phases = _conv(g, w, g_reach, x, FLIP, (1, 1), groups, PHASES, pad_hw=(p_h, p_w), stride=(stride_h, stride_w),
                        dims={1: x.shape[1] * S, 2: x.shape[2] // stride_h, 3: x.shape[3] // stride_w})
     x_own_phases = _merge_phases(own_phases, stride_h, stride_w, like=x)
     qh, qw = dilation_h * (kh - 1) - pad_h, dilation_w * (kw - 1) - pad_w
