@@ -87,7 +87,8 @@ CONV2D, CONV2D_WEIGHT = 79, 80                                         # ops/con
 IM2COL, COL2IM = 81, 82                                                # ops/windows.py
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
 GROUP, EPILOGUE = 90, 91                                               # ops/group.py: fused elementwise nodes
-NEXT_CODE = 92
+WINOGRAD_WEIGHTS = 92                                                  # ops/winograd.py
+NEXT_CODE = 93
 
 
 def _names(params: Any, what: str) -> tuple:

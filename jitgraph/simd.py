@@ -452,3 +452,103 @@ def transpose_tile(vbytes: int):
             return context.get_dummy_value()
         return sig, codegen
     return tile
+
+
+# ---- Winograd F(2x2, 3x3): the input and output transforms (ops/winograd.py) ---------------------
+# d: a 4 x 4 input tile; B^T d B and A^T m A with B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0],
+# [0, 1, 0, -1]] and A^T = [[1, 1, 1, 0], [0, 1, -1, -1]], down the rows first, then across -- each
+# a fixed sequence of additions (no multiplications, so nothing to contract into an FMA).
+def _bt(builder, a, b, c, d):
+    return [builder.fsub(a, c), builder.fadd(b, c), builder.fsub(c, b), builder.fsub(b, d)]
+
+
+def _at2(builder, a, b, c, d):
+    return [builder.fadd(builder.fadd(a, b), c), builder.fsub(builder.fsub(b, c), d)]
+
+
+def winograd_input_tile(vbytes: int):
+    """The intrinsic ``tile(p, ps, wh, v, vs, n)``: for the tiles f < n * lanes of a plane split
+    in its four parities (p + (2 * row parity + column parity) * ps: planes of rows wh long,
+    tile f's corner at row f // wh, column f % wh of each), the 16 values of B^T d B, tile f's
+    value k at v[k * vs + f]."""
+    @intrinsic
+    def tile(typingctx, p, ps, wh, v, vs, n):
+        sig = types.void(p, ps, wh, v, vs, n)
+        dtype = p.dtype
+
+        def codegen(context, builder, signature, args):
+            p, ps, wh, v, vs, n = args
+            lanes, vt, _, size = _types(context, dtype, vbytes)
+            # the 16 reads' offsets: row r from the row parity's plane, (r // 2) rows down; column c alike
+            offs = [[builder.add(builder.mul(I64((r % 2) * 2 + c % 2), ps),
+                                 builder.add(builder.mul(I64(r // 2), wh), I64(c // 2))) for c in range(4)]
+                    for r in range(4)]
+            outs = [builder.mul(I64(k), vs) for k in range(16)]
+
+            def body(i, _):
+                f = builder.mul(i, I64(lanes))
+                d = [[builder.load(_at(builder, p, builder.add(offs[r][c], f), vt), align=size) for c in range(4)]
+                     for r in range(4)]
+                cols = [_bt(builder, d[0][c], d[1][c], d[2][c], d[3][c]) for c in range(4)]      # B^T d
+                for a in range(4):
+                    for b, value in enumerate(_bt(builder, cols[0][a], cols[1][a], cols[2][a], cols[3][a])):
+                        builder.store(value, _at(builder, v, builder.add(outs[4 * a + b], f), vt), align=size)
+                return []
+            _loop(builder, n, [], body)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+def winograd_output_tile(vbytes: int):
+    """The intrinsic ``tile(m, ms, y, ys, n)``: for the tiles f < n * lanes, the 2 x 2 outputs
+    A^T m A of the 16 products m[k * ms + f], output (a, b) at y[(2 a + b) * ys + f]."""
+    @intrinsic
+    def tile(typingctx, m, ms, y, ys, n):
+        sig = types.void(m, ms, y, ys, n)
+        dtype = m.dtype
+
+        def codegen(context, builder, signature, args):
+            m, ms, y, ys, n = args
+            lanes, vt, _, size = _types(context, dtype, vbytes)
+            ins = [builder.mul(I64(k), ms) for k in range(16)]
+            outs = [builder.mul(I64(q), ys) for q in range(4)]
+
+            def body(i, _):
+                f = builder.mul(i, I64(lanes))
+                t = [builder.load(_at(builder, m, builder.add(ins[k], f), vt), align=size) for k in range(16)]
+                cols = [_at2(builder, t[c], t[4 + c], t[8 + c], t[12 + c]) for c in range(4)]       # A^T m
+                for a in range(2):
+                    for b, value in enumerate(_at2(builder, cols[0][a], cols[1][a], cols[2][a], cols[3][a])):
+                        builder.store(value, _at(builder, y, builder.add(outs[2 * a + b], f), vt), align=size)
+                return []
+            _loop(builder, n, [], body)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+def deinterleave_tile(vbytes: int):
+    """The intrinsic ``tile(src, even, odd, n)``: even[i] = src[2 i], odd[i] = src[2 i + 1] for
+    i < n * lanes -- two vector loads and two shuffles a vector of each (lanes of ``vbytes``)."""
+    @intrinsic
+    def tile(typingctx, src, even, odd, n):
+        sig = types.void(src, even, odd, n)
+        dtype = src.dtype
+
+        def codegen(context, builder, signature, args):
+            src, even, odd, n = args
+            lanes, vt, _, size = _types(context, dtype, vbytes)
+            pick = [ir.Constant(ir.VectorType(I32, lanes), [2 * i + k for i in range(lanes)]) for k in range(2)]
+
+            def body(i, _):
+                f = builder.mul(i, I64(lanes))
+                a = builder.load(_at(builder, src, builder.add(f, f), vt), align=size)
+                b = builder.load(_at(builder, src, builder.add(builder.add(f, f), I64(lanes)), vt), align=size)
+                builder.store(builder.shuffle_vector(a, b, pick[0]), _at(builder, even, f, vt), align=size)
+                builder.store(builder.shuffle_vector(a, b, pick[1]), _at(builder, odd, f, vt), align=size)
+                return []
+            _loop(builder, n, [], body)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile

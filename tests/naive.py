@@ -240,6 +240,16 @@ def conv2d_ref(x, w, stride=1, padding=0, dilation=1, groups=1):
     return np.einsum("gok,ngkp->ngop", wg, cg).reshape(N, w.shape[0], OH, OW)
 
 
+WINOGRAD_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+
+
+def winograd_weights_ref(w, flip=False):
+    """(16, O, C): G k G^T for each 3x3 kernel k of w (C_out, C_in, 3, 3), entry 4 i + j; ``flip``:
+    the kernels turned by 180 degrees and transposed, (16, C_in, C_out)."""
+    k = np.flip(w, (2, 3)).transpose(1, 0, 2, 3) if flip else w
+    return np.einsum("ai,ocij,bj->aboc", WINOGRAD_G, k, WINOGRAD_G).reshape(16, k.shape[0], k.shape[1])
+
+
 def conv2d_weight_ref(g, xp, kernel_size, dilation=1, groups=1, flip=False):
     """sum over images and positions of g[n, o, p] xp[n, c, p + tap]; ``flip``: the weight
     gradient of the flipped-kernel convolution (out[co, c, kh-1-i, kw-1-j], rows from xp)."""
@@ -427,6 +437,9 @@ REF = {
     # convolutions and pooling (NCHW): a fuzz value is one (1, 1, H, W) image, the weights params
     "conv2d": Case(conv2d_ref, lambda r: [u(2, 4, 5, 6)(r), u(6, 2, 3, 2)(r)], "window", dict(padding=1, groups=2),
                    fuzz_kw=lambda s: dict(padding=1, params=[(2, 1, min(2, s[0]), min(2, s[1]))])),
+    # U = G w G^T of each 3x3 kernel (Winograd's products, ops/winograd.py): a weight, not an image
+    "winograd_weights": Case(lambda w, flip: winograd_weights_ref(w, flip), one(u(3, 2, 3, 3)), "window",
+                             dict(flip=True), grad=False, fuzz_kw=lambda s: None),
     "conv2d_weight": Case(lambda xp, g, **kw: conv2d_weight_ref(g, xp, **kw),
                           lambda r: [u(2, 4, 6, 5)(r), u(2, 8, 4, 4)(r)], "window", dict(kernel_size=(3, 2), groups=2),
                           call=lambda f, xp, g, **kw: f(g, xp, **kw),

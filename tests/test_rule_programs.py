@@ -78,6 +78,8 @@ def test_gradient_graph_and_bits_are_what_they_were(key, monkeypatch):
     # and before narrow planes' weight gradients read g channels last (test_conv checks that
     # kernel): a constant of conv2d's rule, so the rules are recorded again for this test
     monkeypatch.setattr(CONV_MODULE, "CHANNEL_BELOW", 0)
+    # and before 3x3 stride-1 products of 16 channels and more ran as Winograd's (test_winograd)
+    monkeypatch.setattr(CONV_MODULE, "WINOGRAD_MIN_CHANNELS", 0)
     monkeypatch.setattr(rules, "_tables", {})
     want = expected(key)
     got = rule_graphs.snapshot(CASES[key])

@@ -11,6 +11,12 @@ How a ``conv2d(x, w)`` is computed (measured choices; README "Convolutions"):
   that stay in registers while the contraction over input channels and kernel taps streams past (simd.fma_tile): the
   windows are read from the padded input as shifted rows, never copied.  A 1x1 stride-1
   convolution without padding reads x itself, all of an image's positions as one row.
+* **Winograd F(2x2, 3x3)** (winograd.py): a 3x3 stride-1 product without dilation or groups,
+  with at least WINOGRAD_MIN_CHANNELS input and output channels, computes each 2x2 output tile
+  from its 4x4 input tile with 16 products instead of 36 (source WINOGRAD: source 3 is the
+  kernels' transform U, a ``winograd_weights`` node); its input gradient is a Winograd product
+  too.  Its float32 values differ from the direct product's by rounding; its bits do not
+  depend on threads, checkpointing or fusion.
 * **stride s > 1** (no dilation): the padded input is split into its s x s *phases*
   (an ``im2col`` whose kernel is its stride: a space-to-depth the size of the input),
   and each phase is a stride-1 product with the kernel taps of that phase, the phases
@@ -56,6 +62,7 @@ from ..status import ERR_BAD_NODE, OK
 from .common import need_tensor
 from .shape import reshape
 from .windows import Pair, WindowsIP, int_pair, im2col, out_size, pad
+from .winograd import winograd_tiles, winograd_weights
 
 FWD, FLIP = 0, 1                     # mode: the weights as stored, or flipped and transposed (an input gradient)
 # a stride-1 product pads its input as it reads it (row blocks of the padded input in a scratch the
@@ -63,6 +70,10 @@ FWD, FLIP = 0, 1                     # mode: the weights as stored, or flipped a
 # same values in the same order, so the bits are the copy's (tests/test_conv.py)
 FOLD_PADDING = True
 DIRECT, WINDOWS, PHASES = 0, 1, 2    # conv2d's source: what source 2 is (x or padded x, windows, phases)
+WINOGRAD = 3                         # DIRECT's input, by Winograd F(2x2, 3x3): source 3 its kernels' U (winograd.py)
+# Winograd for 3x3 stride-1 products whose input and output channels are both at least this many
+# (fewer: the transforms cost more than the products save); 0 turns it off
+WINOGRAD_MIN_CHANNELS = 16
 
 
 class ConvIP(IntEnum):               # conv2d
@@ -72,7 +83,7 @@ class ConvIP(IntEnum):               # conv2d
     mode = 3                         # FWD or FLIP
     pad_h = 4                        # DIRECT: the zero padding source 2 adds to source 0
     pad_w = 5
-    source = 6                       # DIRECT, WINDOWS or PHASES
+    source = 6                       # DIRECT, WINDOWS, PHASES or WINOGRAD
     contracted = DOT_K
     stride_h = 8                     # PHASES: the stride the phases split
     stride_w = 9
@@ -134,6 +145,11 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
     K = Cg * kh * kw
     wide = OW >= lanes(g)
     if s == (1, 1) and p[0] <= d[0] * (kh - 1) and p[1] <= d[1] * (kw - 1) and (wide or (kh, kw, *p) == (1, 1, 0, 0)):
+        if winograd_fits(kh, kw, d, groups, C, C_out):
+            u = winograd_weights(w, flip=False)
+            return g._node(CONV2D, (x.id, w.id, x.id, u.id), (N, C_out, OH, OW),
+                           ip=slots(ConvIP, dilation_h=1, dilation_w=1, groups=1, mode=FWD, pad_h=p[0], pad_w=p[1],
+                                    source=WINOGRAD, contracted=K))
         xp = x if p == (0, 0) or FOLD_PADDING else im2col(x, 1, 1, p)
         return g._node(CONV2D, (x.id, w.id, xp.id), (N, C_out, OH, OW),
                        ip=slots(ConvIP, dilation_h=d[0], dilation_w=d[1], groups=groups, mode=FWD, pad_h=p[0],
@@ -151,6 +167,13 @@ def conv2d(x: Tensor, w: Tensor, stride: Pair = 1, padding: Pair = 0, dilation: 
     wv = reshape(w, (C_out, K, 1, 1))
     return g._node(CONV2D, (x.id, wv.id, cols.id), (N, C_out, OH, OW),
                    ip=slots(ConvIP, dilation_h=1, dilation_w=1, groups=groups, mode=FWD, source=WINDOWS, contracted=K))
+
+
+def winograd_fits(kh, kw, d, groups, c_in, c_out) -> bool:
+    """Does a stride-1 product (padding at most 2) run by Winograd F(2x2, 3x3)?  3x3 kernels
+    without dilation, one group, and at least WINOGRAD_MIN_CHANNELS channels in and out."""
+    least = WINOGRAD_MIN_CHANNELS
+    return bool(least) and (kh, kw) == (3, 3) and tuple(d) == (1, 1) and groups == 1 and min(c_in, c_out) >= least
 
 
 @export
@@ -284,7 +307,10 @@ def _pad_image(scratch, x, img, C, H, W, ph, pw):
 @njit(cache=True, error_model="numpy")
 def conv_tiles(v, n, lo, hi):
     """conv2d: units are tiles (image, row block, [phase,] channel block, column block).  FWD
-    sums every phase of the input into a tile; a FLIP of phases makes each phase's plane."""
+    sums every phase of the input into a tile; a FLIP of phases makes each phase's plane.
+    A WINOGRAD source goes to winograd.py (its units are images)."""
+    if v.ip[n, ConvIP.source] == WINOGRAD:
+        return winograd_tiles(v, n, lo, hi, v.ip[n, ConvIP.pad_h], v.ip[n, ConvIP.pad_w])
     xs, ws = v.src[n, 2], v.src[n, 1]
     N, Ci, kh, kw = v.shape[xs, 0], v.shape[xs, 1], v.shape[ws, 2], v.shape[ws, 3]
     Co = v.shape[n, 1]
@@ -384,10 +410,11 @@ def _run_conv2d(n, lo, hi, ctx, mem, store):
 
 
 def _conv(a: Sym, w: Sym, xp: Sym, like: Sym, mode, dilation, groups, source, pad_hw=(0, 0), stride=(0, 0),
-          dims=None) -> Sym:
-    """In a rule: conv2d(a, w) reading xp, shaped like ``like`` (dims changed)."""
+          dims=None, u=None) -> Sym:
+    """In a rule: conv2d(a, w) reading xp (and for WINOGRAD the kernels' U), shaped like ``like``
+    (dims changed)."""
     phases = either(source == PHASES, stride[0] * stride[1], 1)
-    return op.conv2d(a, w, xp, like=like, dims=dims or {}, dilation_h=dilation[0], dilation_w=dilation[1],
+    return op.conv2d(a, w, xp, u, like=like, dims=dims or {}, dilation_h=dilation[0], dilation_w=dilation[1],
                      groups=groups, mode=mode, pad_h=pad_hw[0], pad_w=pad_hw[1], source=source, stride_h=stride[0],
                      stride_w=stride[1], contracted=xp.shape[1] // groups * w.shape[2] * w.shape[3] // phases)
 
@@ -411,14 +438,17 @@ def _merge_phases(t: Sym, sh, sw, **shape) -> Sym:
                      dilation_w=1)
 
 
-def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h, stride_w):
+def _conv2d_vjp(g, x, w, xp, u, out, dilation_h, dilation_w, groups, mode, pad_h, pad_w, source, stride_h,
+                stride_w):
     """y = conv(x, w) reading xp: dw = conv2d_weight(g, xp); dx = the FLIP convolution of g padded
     by d(k-1) - p; for phases, the phases' FLIP product: when they are the phases of x padded by
     p, a FLIP that makes x's own phases (planes the size of g's when s divides x's size) put in
     place by col2im, else col2im of the windows' gradient (the 1x1 FLIP product of g with w seen
     as (C_out, C_in/groups*kh*kw, 1, 1)); for windows, col2im of the 1x1 FLIP product.  A FLIP
     node's own input gradient is the FWD convolution of its gradient (for one that made x's
-    phases, that gradient laid out as the padded input's phases first)."""
+    phases, that gradient laid out as the padded input's phases first).  WINOGRAD is DIRECT
+    computed another way: its input gradient is a WINOGRAD product too, reading g padded as it
+    reads it, with U of the other mode's kernels; u itself gets no gradient (w's is all of it)."""
     kh, kw = w.shape[2], w.shape[3]
     phases = source == PHASES
     S = stride_h * stride_w
@@ -432,12 +462,13 @@ def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, p
     g = either(phases & (mode == FLIP) & ((pad_h > 0) | (pad_w > 0)), padded_phases, g)
     # a DIRECT product that pads as it reads (FOLD_PADDING: it reads x itself): its weight gradient
     # reads a padded copy, made here; its input gradient pads g as it reads it too
-    folded = (source == DIRECT) & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
+    winograd = source == WINOGRAD
+    folded = ((source == DIRECT) | winograd) & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
     read = either(folded, pad(xp, pad_h, pad_w), xp)
     # planes narrower than CHANNEL_BELOW with whole blocks of channels: g laid out channels last
     # (a transpose the size of g) and the channel-vector kernel, where the lanes run across
     # channels (measured on 512-bit and 256-bit hosts: conv_weight.C2, C2_NARROW)
-    by_channel = (source == DIRECT) & (mode == FWD) & (groups == 1) & (g.shape[1] % CHANNEL_BLOCK == 0) \
+    by_channel = ((source == DIRECT) | winograd) & (mode == FWD) & (groups == 1) & (g.shape[1] % CHANNEL_BLOCK == 0) \
         & (g.shape[3] < CHANNEL_BELOW)
     weight = dict(like=w, dilation_h=dilation_h, dilation_w=dilation_w, groups=groups, mode=mode,
                   stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),
@@ -460,13 +491,15 @@ def _conv2d_vjp(g, x, w, xp, out, dilation_h, dilation_w, groups, mode, pad_h, p
                        dims={1: x.shape[1] * S, 2: x.shape[2] // stride_h, 3: x.shape[3] // stride_w})
     x_own_phases = _merge_phases(own_phases, stride_h, stride_w, like=x)
     qh, qw = dilation_h * (kh - 1) - pad_h, dilation_w * (kw - 1) - pad_w
-    direct = _conv(g, w, either(folded, g, pad(g, qh, qw)), x, 1 - mode, (dilation_h, dilation_w), groups, DIRECT,
-                   pad_hw=(qh, qw))
+    other_u = op.winograd_weights(w, like=u, dims={2: u.shape[3], 3: u.shape[2]}, mode=1 - mode)   # only if built
+    direct = either(winograd, _conv(g, w, g, x, 1 - mode, (1, 1), 1, WINOGRAD, pad_hw=(qh, qw), u=other_u),
+                    _conv(g, w, either(folded, g, pad(g, qh, qw)), x, 1 - mode, (dilation_h, dilation_w), groups,
+                          DIRECT, pad_hw=(qh, qw)))
     dx = either(source == WINDOWS, windows, either(
         phases, either(mode == FLIP, flip_phases, either(x.id != xp.id, either(whole_phases, x_own_phases, x_phases),
                                                              phases_as_such)), direct))
-    return dx, dw, None
+    return dx, dw, None, None
 
 
-defop(CONV2D, "conv2d", conv2d, _run_conv2d, _conv2d_vjp, arity=3, cost=COMPUTE, flops=DOT, split=CUSTOM,
-      sources=("x", "w", "xp"), ip=ConvIP, epilogue=True)
+defop(CONV2D, "conv2d", conv2d, _run_conv2d, _conv2d_vjp, arity=-1, cost=COMPUTE, flops=DOT, split=CUSTOM,
+      sources=("x", "w", "xp", "u"), ip=ConvIP, epilogue=True)

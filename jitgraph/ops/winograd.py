@@ -1,0 +1,265 @@
+"""Winograd F(2x2, 3x3): a 3x3 stride-1 convolution with 2.25x fewer multiplications.
+
+Each 2x2 tile of an output plane is A^T [sum over input channels of U (.) V] A, where
+V = B^T d B is the 4x4 input tile d (stride 2) transformed and U = G w G^T the 3x3 kernel
+transformed: 16 products per tile and channel pair instead of 36.  A ``conv2d`` node whose
+source is WINOGRAD (conv.py chooses it: 3x3, stride 1, no dilation, one group, both channel
+counts at least WINOGRAD_MIN_CHANNELS) reads a fourth source, its kernels' U: a
+``winograd_weights`` node (16, C_out, C_in), made once a step from the weights as stored
+(FWD) or flipped and transposed (FLIP: an input gradient).
+
+The convolution's units are images (so an epilogue can run it image by image); a call takes
+its images a block at a time (about BLOCK_TILES tiles, so the products' rows fill whole tiles
+of vectors even for 8 x 8 planes) and, per block:
+
+1. each padded input plane split into its four parities (even / odd rows x columns: the one
+   strided copy), so that the 16 values of every tile are contiguous runs of those planes;
+2. the input transform (simd.winograd_input_tile): every tile's 16 values of V, vectorized
+   across tiles (a plane's tiles in rows of ``tw + 1``: the last of each row is not a tile,
+   computed and never used);
+3. 16 products M[k] = U[k] @ V[k] over the channels, in conv.py's register tiles
+   (simd.fma_tile);
+4. the output transform (simd.winograd_output_tile) and the interleave of each tile's 2 x 2
+   outputs into the output rows.
+
+Every output element is one fixed sequence of operations whatever the block, the thread or
+the call it falls in, so results do not depend on the thread count, and a checkpointed
+recomputation or an epilogue's call gives the same bits.  The values are not the direct
+product's: float32 results differ from it by a few units in the last place (the transforms
+add and subtract inputs before the products; tests/test_winograd.py bounds it).
+"""
+import numpy as np
+from numba import njit, uint64 as U
+
+from ..errors import GraphError
+from ..graph import Tensor
+from ..native import RUN_EXTENT, data_pointer, operand, output, output_into, run_view, span
+from ..registry import CUSTOM, NO_GRAD, WINOGRAD_WEIGHTS, defop, slots
+from ..simd import (VECTOR_BYTES, WIDE, WIDE_BYTES, deinterleave_tile, fma_tile, winograd_input_tile,
+                    winograd_output_tile)
+from ..status import ERR_BAD_NODE, OK
+from .common import need_tensor
+
+
+@njit(cache=True, inline="always")
+def itemsize_of(a):
+    return a.itemsize
+
+from enum import IntEnum
+
+BLOCK_TILES = 64             # a block of images holds at least this many tiles (when the call has them)
+_VB = WIDE_BYTES if WIDE else VECTOR_BYTES
+ACROSS = 4 if WIDE else 3    # vectors of tiles in a product's tile: 16 accumulators of 32 registers, 12 of AVX2's 16
+PRODUCT = fma_tile(4, 1, ACROSS, _VB)     # 4 output channels x ACROSS vectors of tiles
+# a block's last tiles (fewer than a PRODUCT's columns): 12 output channels x 1 vector, or 4 or 1
+# channels for convolutions with fewer output channels
+TALL, TALL4, TALL1 = fma_tile(12, 1, 1, _VB), fma_tile(4, 1, 1, _VB), fma_tile(1, 1, 1, _VB)
+IN_TILE, OUT_TILE = winograd_input_tile(_VB), winograd_output_tile(_VB)
+# a row's even and odd columns, 8 and 4 pairs at a time (a 256-bit and a 128-bit vector of each)
+SPLIT8, SPLIT4 = deinterleave_tile(32), deinterleave_tile(16)
+FWD, FLIP = 0, 1             # conv.py's modes: the weights as stored, or flipped and transposed
+
+
+class WinogradIP(IntEnum):
+    mode = 0                 # FWD or FLIP
+
+
+# ---- U = G w G^T ---------------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy", inline="always")
+def _gg(a, b, c, half):
+    """(a, (a + b + c) / 2, (a - b + c) / 2, c): G applied to a kernel row or column (half: 1/2
+    in the kernels' dtype, so float32 sums stay float32)."""
+    return a, (a + b + c) * half, (a - b + c) * half, c
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _put(u, at, k, step, r0, r1, r2, half):
+    """Row k // 4 of (G g) G^T: u[at + (k + j) * step] for j < 4."""
+    v0, v1, v2, v3 = _gg(r0, r1, r2, half)
+    u[at + k * step] = v0
+    u[at + (k + U(1)) * step] = v1
+    u[at + (k + U(2)) * step] = v2
+    u[at + (k + U(3)) * step] = v3
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _transform(block, at, w, b, flip, half):
+    """G g G^T of the 3x3 kernel g at w[b:b + 9] (turned by 180 degrees for FLIP) into
+    block[at + 16 k], k = 4 i + j."""
+    if flip:
+        g00, g01, g02, g10, g11, g12 = w[b + U(8)], w[b + U(7)], w[b + U(6)], w[b + U(5)], w[b + U(4)], w[b + U(3)]
+        g20, g21, g22 = w[b + U(2)], w[b + U(1)], w[b]
+    else:
+        g00, g01, g02, g10, g11, g12 = w[b], w[b + U(1)], w[b + U(2)], w[b + U(3)], w[b + U(4)], w[b + U(5)]
+        g20, g21, g22 = w[b + U(6)], w[b + U(7)], w[b + U(8)]
+    a0, a1, a2, a3 = _gg(g00, g10, g20, half)      # G g, column by column
+    b0, b1, b2, b3 = _gg(g01, g11, g21, half)
+    c0, c1, c2, c3 = _gg(g02, g12, g22, half)
+    _put(block, at, U(0), U(16), a0, b0, c0, half)  # then G^T across each row
+    _put(block, at, U(4), U(16), a1, b1, c1, half)
+    _put(block, at, U(8), U(16), a2, b2, c2, half)
+    _put(block, at, U(12), U(16), a3, b3, c3, half)
+
+
+@njit(cache=True, error_model="numpy")
+def weights_kernel(u, w, Co, Ci, O, C, flip):
+    """u[k, o, c] (k = 4 i + j, O x C kernels) of w (Co, Ci, 3, 3): kernel (o, c) is w[o, c]
+    (FWD) or w[c, o] turned by 180 degrees (FLIP, O = Ci, C = Co).  G = [[1, 0, 0], [1/2, 1/2, 1/2],
+    [1/2, -1/2, 1/2], [0, 0, 1]]: the halves are exact.  16 kernels at a time go into a small
+    block, then into u as 16 runs: u's 16 values of a kernel lie O * C apart (16 KB for 64 x 64
+    float32 kernels), and storing them kernel by kernel kept 16 streams in one L1 set (46 ns a
+    kernel, measured; 4 ns this way)."""
+    half = np.full(1, 0.5, u.dtype)[0]
+    block = np.empty(16 * 16, u.dtype)
+    for o in range(O):
+        for c0 in range(0, C, 16):
+            c1 = min(c0 + 16, C)
+            for c in range(c0, c1):
+                _transform(block, U(c - c0), w, U((c * Ci + o) * 9 if flip else (o * Ci + c) * 9), flip, half)
+            for k in range(16):
+                for c in range(c0, c1):
+                    u[(k * O + o) * C + c] = block[k * 16 + c - c0]
+    return OK
+
+
+def winograd_weights(w: Tensor, flip: bool = False) -> Tensor:
+    """(conv.py builds it for a Winograd product.)  U = G k G^T of the 3x3 kernels k of w
+    (C_out, C_in, 3, 3): (16, C_out, C_in), entry 4 i + j of each kernel's 4 x 4; ``flip``: the
+    kernels turned by 180 degrees and transposed, (16, C_in, C_out).  No gradient: the product's
+    rule differentiates w itself."""
+    w = need_tensor(w, "winograd_weights")
+    if w.ndim != 4 or w.shape[2:] != (3, 3):
+        raise GraphError(f"winograd_weights: {w.label!r} {w.shape} must be 3x3 kernels (C_out, C_in, 3, 3)")
+    if not isinstance(flip, (bool, np.bool_)):
+        raise GraphError(f"winograd_weights of {w.label!r}: flip must be True or False, got {flip!r}")
+    Co, Ci = w.shape[0], w.shape[1]
+    O, C = (Ci, Co) if flip else (Co, Ci)
+    return w.graph._node(WINOGRAD_WEIGHTS, (w.id,), (16, O, C), ip=slots(WinogradIP, mode=FLIP if flip else FWD))
+
+
+def _run_weights(n, lo, hi, ctx, mem, store):
+    v = run_view(ctx, mem, store)
+    ws = v.src[n, 0]
+    Co, Ci = v.shape[ws, 0], v.shape[ws, 1]
+    flip = v.ip[n, WinogradIP.mode] == FLIP
+    O, C = (Ci, Co) if flip else (Co, Ci)
+    if v.shape[ws, 2] != 3 or v.shape[ws, 3] != 3 or v.shape[n, 1] != 16 or v.shape[n, 2] != O \
+            or v.shape[n, 3] != C:
+        return ERR_BAD_NODE
+    return weights_kernel(output(v, n), operand(v, n, 0), Co, Ci, O, C, flip)
+
+
+defop(WINOGRAD_WEIGHTS, "winograd_weights", winograd_weights, _run_weights, NO_GRAD, arity=1, public=False,
+      sources=("w",), ip=WinogradIP)
+
+
+# ---- the convolution ---------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def _split_parities(planes, ps, wh, x, src, H, W, ph, pw):
+    """Plane ``src`` of x (H x W), padded by (ph, pw), into its four parity planes (planes +
+    (2 * row parity + column parity) * ps, rows wh long); the padding's places are never written.
+    x's even columns 2j go to padded column 2j + pw, its odd ones to 2j + 1 + pw."""
+    n_even, n_odd = (W + 1) // 2, W // 2
+    ev_plane, ev_at = (pw % 2) * ps, pw // 2                  # where x's even columns go
+    od_plane, od_at = ((pw + 1) % 2) * ps, (pw + 1) // 2
+    isz = itemsize_of(planes)
+    for h in range(H):
+        r = h + ph
+        row = (r % 2) * 2 * ps + (r // 2) * wh
+        at = src + h * W
+        ev, od = row + ev_plane + ev_at, row + od_plane + od_at
+        done = 0                                              # float32: 8 or 4 pairs a shuffle
+        while n_odd - done >= 8 and isz == 4:
+            SPLIT8(data_pointer(x[at + 2 * done:]), data_pointer(planes[ev + done:]),
+                   data_pointer(planes[od + done:]), 1)
+            done += 8
+        while n_odd - done >= 4 and isz == 4:
+            SPLIT4(data_pointer(x[at + 2 * done:]), data_pointer(planes[ev + done:]),
+                   data_pointer(planes[od + done:]), 1)
+            done += 4
+        for j in range(done, n_odd):
+            planes[ev + j] = x[at + 2 * j]
+            planes[od + j] = x[at + 2 * j + 1]
+        if n_even > n_odd:
+            planes[ev + n_odd] = x[at + 2 * n_odd]
+
+
+@njit(cache=True, error_model="numpy")
+def winograd_tiles(v, n, lo, hi, pad_h, pad_w):
+    """conv2d of source WINOGRAD: units are images (module docstring)."""
+    x0, ws, xs, us = v.src[n, 0], v.src[n, 1], v.src[n, 2], v.src[n, 3]
+    N, Ci, H, W = v.shape[xs, 0], v.shape[xs, 1], v.shape[xs, 2], v.shape[xs, 3]
+    Co, OH, OW = v.shape[n, 1], v.shape[n, 2], v.shape[n, 3]
+    # source 2 is source 0 padded as it is read (its shape), or a padded copy
+    folded = H == v.shape[x0, 2] and W == v.shape[x0, 3]
+    ph, pw = (pad_h, pad_w) if folded else (0, 0)
+    if us < 0 or ws < 0 or OH != H + 2 * ph - 2 or OW != W + 2 * pw - 2 or N != v.shape[n, 0] \
+            or v.shape[us, 1] != 16 or v.shape[us, 2] != Co or v.shape[us, 3] != Ci \
+            or ph > 2 or pw > 2 or OH < 1 or OW < 1:
+        return ERR_BAD_NODE                  # conv.py never builds one: no kernel reads out of bounds
+    if lo < 0:
+        v.ctx[RUN_EXTENT] = N
+        return OK
+    lo, hi = span(lo, hi, N)
+    L = _VB // v.mem.itemsize
+    th, tw = (OH + 1) // 2, (OW + 1) // 2
+    wh = tw + 1                              # a parity plane's row: tw tiles and one that is not
+    F = th * wh                              # an image's tiles (and non-tiles)
+    ps = (th + 1) * wh + L + wh + 1          # a parity plane, with room for the last vector's reads
+    nb = max(1, min(hi - lo, (BLOCK_TILES + F - 1) // F))
+    T = (nb * F + L - 1) // L * L            # a product's row: a block's tiles in whole vectors
+    Tv = T + L                               # V's rows: the last tile vector of a row may end past T
+    cols = ACROSS * L
+    wide_end = T - T % cols if Co >= 4 else 0     # columns in PRODUCT tiles; the rest in TALL ones
+    tall = 12 if Co >= 12 else (4 if Co >= 4 else 1)
+    x, u = operand(v, n, 2), operand(v, n, 3)
+    out, first_out = output_into(v, n)
+    planes = np.zeros(4 * ps, out.dtype)     # its padding stays zero: only x's places are written
+    # not zeroed (a call's scratch is ~0.6 MB: zeroing it cost as much as the products); every
+    # column the products read is written below, the ones past a block's tiles with zeros
+    vt = np.empty(16 * Ci * Tv, out.dtype)
+    mt = np.empty(16 * Co * T, out.dtype)
+    yt = np.empty(4 * (T + L), out.dtype)
+    for b0 in range(lo, hi, nb):
+        b1 = min(b0 + nb, hi)
+        for img in range(b0, b1):            # 1 and 2: V, image after image along each row
+            for c in range(Ci):
+                _split_parities(planes, ps, wh, x, (img * Ci + c) * H * W, H, W, ph, pw)
+                IN_TILE(data_pointer(planes), ps, wh, data_pointer(vt[c * Tv + (img - b0) * F:]), Ci * Tv,
+                        (F + L - 1) // L)
+        written = (b1 - b0 - 1) * F + (F + L - 1) // L * L
+        for row in range(16 * Ci if written < T else 0):
+            for q in range(written, T):
+                vt[row * Tv + q] = 0.0
+        for k in range(16):                  # 3: the products, M[k] = U[k] @ V[k]
+            uk, vk, mk = k * Co * Ci, k * Ci * Tv, k * Co * T
+            for m0 in range(0, Co, 4):
+                r = min(m0, Co - 4)
+                for q in range(0, wide_end, cols):
+                    PRODUCT(data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:]),
+                            data_pointer(mt[mk + r * T + q:]), 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+            for m0 in range(0, Co if wide_end < T else 0, tall):
+                r = min(m0, Co - tall)
+                for q in range(wide_end, T, L):
+                    xp, wp = data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:])
+                    op = data_pointer(mt[mk + r * T + q:])
+                    if tall == 12:
+                        TALL(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+                    elif tall == 4:
+                        TALL4(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+                    else:
+                        TALL1(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+        for co in range(Co):                 # 4: A^T M A, and each tile's outputs into place
+            OUT_TILE(data_pointer(mt[co * T:]), Co * T, data_pointer(yt), T + L, T // L)
+            for img in range(b0, b1):
+                for y in range(OH):
+                    ty, a = y // 2, y % 2
+                    even = U(2 * a * (T + L) + (img - b0) * F + ty * wh)
+                    odd = even + U(T + L)
+                    row = U((img * Co + co) * OH * OW + y * OW - first_out)
+                    for t in range(U(OW // 2)):
+                        out[row + U(2) * t] = yt[even + t]
+                        out[row + U(2) * t + U(1)] = yt[odd + t]
+                    if OW % 2:
+                        out[row + U(OW - 1)] = yt[even + U(OW // 2)]
+    return OK
