@@ -72,8 +72,9 @@ FOLD_PADDING = True
 DIRECT, WINDOWS, PHASES = 0, 1, 2    # conv2d's source: what source 2 is (x or padded x, windows, phases)
 WINOGRAD = 3                         # DIRECT's input, by Winograd F(2x2, 3x3): source 3 its kernels' U (winograd.py)
 # Winograd for 3x3 stride-1 products whose input and output channels are both at least this many
-# (fewer: the transforms cost more than the products save); 0 turns it off
-WINOGRAD_MIN_CHANNELS = 16
+# (AMD EPYC Zen 4, one thread, batch 32, perf/bench_winograd.py: 12 channels 0.84x the direct
+# product's time, 8 channels 1.05x: the transforms cost more than the products save); 0 turns it off
+WINOGRAD_MIN_CHANNELS = 12
 
 
 class ConvIP(IntEnum):               # conv2d
