@@ -527,28 +527,3 @@ def winograd_output_tile(vbytes: int):
         return sig, codegen
     return tile
 
-
-def deinterleave_tile(vbytes: int):
-    """The intrinsic ``tile(src, even, odd, n)``: even[i] = src[2 i], odd[i] = src[2 i + 1] for
-    i < n * lanes -- two vector loads and two shuffles a vector of each (lanes of ``vbytes``)."""
-    @intrinsic
-    def tile(typingctx, src, even, odd, n):
-        sig = types.void(src, even, odd, n)
-        dtype = src.dtype
-
-        def codegen(context, builder, signature, args):
-            src, even, odd, n = args
-            lanes, vt, _, size = _types(context, dtype, vbytes)
-            pick = [ir.Constant(ir.VectorType(I32, lanes), [2 * i + k for i in range(lanes)]) for k in range(2)]
-
-            def body(i, _):
-                f = builder.mul(i, I64(lanes))
-                a = builder.load(_at(builder, src, builder.add(f, f), vt), align=size)
-                b = builder.load(_at(builder, src, builder.add(builder.add(f, f), I64(lanes)), vt), align=size)
-                builder.store(builder.shuffle_vector(a, b, pick[0]), _at(builder, even, f, vt), align=size)
-                builder.store(builder.shuffle_vector(a, b, pick[1]), _at(builder, odd, f, vt), align=size)
-                return []
-            _loop(builder, n, [], body)
-            return context.get_dummy_value()
-        return sig, codegen
-    return tile
