@@ -467,21 +467,23 @@ def _at2(builder, a, b, c, d):
 
 
 def winograd_input_tile(vbytes: int):
-    """The intrinsic ``tile(p, ps, wh, v, vs, n)``: for the tiles f < n * lanes of a plane split
-    in its four parities (p + (2 * row parity + column parity) * ps: planes of rows wh long,
-    tile f's corner at row f // wh, column f % wh of each), the 16 values of B^T d B, tile f's
-    value k at v[k * vs + f]."""
+    """The intrinsic ``tile(p, ps, rw, shift, v, vs, n)``: for the tiles f < n * lanes of a plane
+    split in its four parities (p + (2 * row parity + column parity) * ps, rows rw long: tile f's
+    corner at row f // rw, column f % rw), the 16 values of B^T d B, tile f's value k at
+    v[k * vs + f].  A tile's columns 2 and 3 are its parities' next column: ``shift`` elements on
+    (1 in rows that hold it, or a copy of the planes shifted one column left)."""
     @intrinsic
-    def tile(typingctx, p, ps, wh, v, vs, n):
-        sig = types.void(p, ps, wh, v, vs, n)
+    def tile(typingctx, p, ps, rw, shift, v, vs, n):
+        sig = types.void(p, ps, rw, shift, v, vs, n)
         dtype = p.dtype
 
         def codegen(context, builder, signature, args):
-            p, ps, wh, v, vs, n = args
+            p, ps, rw, shift, v, vs, n = args
             lanes, vt, _, size = _types(context, dtype, vbytes)
-            # the 16 reads' offsets: row r from the row parity's plane, (r // 2) rows down; column c alike
-            offs = [[builder.add(builder.mul(I64((r % 2) * 2 + c % 2), ps),
-                                 builder.add(builder.mul(I64(r // 2), wh), I64(c // 2))) for c in range(4)]
+            # the 16 reads' offsets: row r from the row parity's plane, (r // 2) rows down; column c
+            # from the column parity's, c // 2 columns on
+            offs = [[builder.add(builder.add(builder.mul(I64(2 * (r % 2) + c % 2), ps), builder.mul(I64(c // 2), shift)),
+                                 builder.mul(I64(r // 2), rw)) for c in range(4)]
                     for r in range(4)]
             outs = [builder.mul(I64(k), vs) for k in range(16)]
 

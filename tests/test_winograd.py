@@ -50,13 +50,14 @@ def torch_free_grads(x0, w0, t0, p):
 
 
 SHAPES = [(2, 3, 5, 6, 7, 1), (3, 4, 13, 5, 9, 0), (2, 17, 12, 7, 6, 2), (2, 5, 3, 4, 4, 1), (1, 2, 20, 9, 8, 1),
-          (2, 6, 7, 33, 17, 1), (1, 16, 16, 8, 8, 1)]
+          (2, 6, 7, 33, 17, 1), (1, 16, 16, 8, 8, 1), (2, 5, 6, 34, 33, 1), (1, 4, 5, 32, 32, 0)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_forward_and_gradients_equal_the_reference_in_float64(shape, everywhere):
     """Every tile path: output channels below 4, 4 to 11 and 12 or more; odd sizes (a last tile
-    half outside the output); paddings 0, 1, 2; planes of one image and blocks of several."""
+    half outside the output); paddings 0, 1, 2; planes of one image and blocks of several; rows
+    of tiles compact (narrower than COMPACT_BELOW) and with a column that is not a tile."""
     N, Ci, Co, H, W, p = shape
     rng = np.random.default_rng(sum(shape))
     x0, w0 = rng.standard_normal((N, Ci, H, W)), rng.standard_normal((Co, Ci, 3, 3)) / 3

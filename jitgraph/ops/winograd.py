@@ -13,10 +13,11 @@ its images a block at a time (about BLOCK_TILES tiles, so the products' rows fil
 of vectors even for 8 x 8 planes) and, per block:
 
 1. each padded input plane split into its four parities (even / odd rows x columns: the one
-   strided copy), so that the 16 values of every tile are contiguous runs of those planes;
+   strided copy);
 2. the input transform (simd.winograd_input_tile): every tile's 16 values of V, vectorized
-   across tiles (a plane's tiles in rows of ``tw + 1``: the last of each row is not a tile,
-   computed and never used);
+   across tiles -- each parity plane is kept twice, the second copy shifted one column left, so
+   a tile's 16 reads are runs of tw values and every lane is a tile (with rows of tw + 1 and no
+   copy, the last column of each row was not a tile: 25% of an 8 x 8 plane's products wasted);
 3. 16 products M[k] = U[k] @ V[k] over the channels, in conv.py's register tiles
    (simd.fma_tile);
 4. the output transform (simd.winograd_output_tile) and the interleave of each tile's 2 x 2
@@ -41,6 +42,9 @@ from .common import need_tensor
 
 from enum import IntEnum
 
+# compact rows below 16 tiles: they took 8 x 8 and 16 x 16 planes' products 0.92 -> 0.72x and
+# 0.87 -> 0.74x the direct product's time, 32 x 32 ones 0.76 -> 1.4x (their split writing twice)
+COMPACT_BELOW = 16
 BLOCK_TILES = 64             # a block of images holds at least this many tiles (when the call has them)
 _VB = WIDE_BYTES if WIDE else VECTOR_BYTES
 ACROSS = 4 if WIDE else 3    # vectors of tiles in a product's tile: 16 accumulators of 32 registers, 12 of AVX2's 16
@@ -130,26 +134,55 @@ defop(WINOGRAD_WEIGHTS, "winograd_weights", winograd_weights, _run_weights, NO_G
 
 
 # ---- the convolution ---------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy", inline="always")
+def _put(planes, to, shifted, j, value, tw):
+    """Parity column j of a row: at ``to`` + j (j < tw) and one column left in the shifted copy."""
+    if j < tw:
+        planes[to + j] = value
+    if j >= 1:
+        planes[shifted + j - 1] = value
+
+
 @njit(cache=True, error_model="numpy")
-def _split_parities(planes, ps, wh, x, src, H, W, ph, pw):
+def _split_parities(planes, ps, rw, x, src, H, W, ph, pw, compact):
     """Plane ``src`` of x (H x W), padded by (ph, pw), into its four parity planes (planes +
-    (2 * row parity + column parity) * ps, rows wh long); the padding's places are never written.
-    x's even columns 2j go to padded column 2j + pw, its odd ones to 2j + 1 + pw: a plain loop
-    of stride-2 reads, which LLVM vectorizes with shuffles (an explicit shuffle intrinsic was
-    no faster, measured)."""
+    (2 * row parity + column parity) * ps, rows rw long); the padding's places are never written.
+    x's column 2 jj goes to the padded column 2 jj + pw, parity column jj + pw // 2; 2 jj + 1 to
+    jj + (pw + 1) // 2 of the other parity.  Rows of tw + 1 (``compact`` false) hold every
+    column; compact rows hold columns [0, tw), and a copy of the planes 4 ps on, shifted one
+    column left, columns [1, tw].  The middle of a row is one loop reading x's columns in pairs
+    (a stride-2 pair LLVM vectorizes with shuffles); compact rows' ends test each value."""
     n_even, n_odd = (W + 1) // 2, W // 2
-    ev_plane, ev_at = (pw % 2) * ps, pw // 2                  # where x's even columns go
-    od_plane, od_at = ((pw + 1) % 2) * ps, (pw + 1) // 2
+    fe, fo = pw // 2, (pw + 1) // 2                       # parity columns of x's columns 0 and 1
+    if compact:
+        lo, hi = max(0, 1 - min(fe, fo)), max(0, min(n_odd, rw - max(fe, fo)))
+        lo = min(lo, hi)
     for h in range(H):
         r = h + ph
-        row = (r % 2) * 2 * ps + (r // 2) * wh
-        at = U(src + h * W)
-        ev, od = U(row + ev_plane + ev_at), U(row + od_plane + od_at)
-        for j in range(U(n_odd)):
-            planes[ev + j] = x[at + U(2) * j]
-            planes[od + j] = x[at + U(2) * j + U(1)]
-        if n_even > n_odd:
-            planes[ev + U(n_odd)] = x[at + U(2 * n_odd)]
+        row = (r % 2) * 2 * ps + (r // 2) * rw
+        at = src + h * W
+        e0, o0 = row + (pw % 2) * ps, row + ((pw + 1) % 2) * ps
+        if not compact:
+            for jj in range(U(n_odd)):
+                planes[U(e0 + fe) + jj] = x[U(at) + U(2) * jj]
+                planes[U(o0 + fo) + jj] = x[U(at) + U(2) * jj + U(1)]
+            if n_even > n_odd:
+                planes[e0 + fe + n_odd] = x[at + 2 * n_odd]
+            continue
+        e1, o1 = e0 + 4 * ps, o0 + 4 * ps
+        for jj in range(U(lo), U(hi)):
+            e, o = x[U(at) + U(2) * jj], x[U(at) + U(2) * jj + U(1)]
+            planes[U(e0 + fe) + jj] = e
+            planes[U(o0 + fo) + jj] = o
+            planes[U(e1 + fe - 1) + jj] = e
+            planes[U(o1 + fo - 1) + jj] = o
+        for jj in range(lo):                              # the ends
+            _put(planes, e0, e1, jj + fe, x[at + 2 * jj], rw)
+            _put(planes, o0, o1, jj + fo, x[at + 2 * jj + 1], rw)
+        for jj in range(hi, n_even):
+            _put(planes, e0, e1, jj + fe, x[at + 2 * jj], rw)
+            if jj < n_odd:
+                _put(planes, o0, o1, jj + fo, x[at + 2 * jj + 1], rw)
 
 
 @njit(cache=True, error_model="numpy")
@@ -171,58 +204,62 @@ def winograd_tiles(v, n, lo, hi, pad_h, pad_w):
     lo, hi = span(lo, hi, N)
     L = _VB // v.mem.itemsize
     th, tw = (OH + 1) // 2, (OW + 1) // 2
-    wh = tw + 1                              # a parity plane's row: tw tiles and one that is not
-    F = th * wh                              # an image's tiles (and non-tiles)
-    ps = (th + 1) * wh + L + wh + 1          # a parity plane, with room for the last vector's reads
+    # planes narrower than COMPACT_BELOW tiles keep compact rows (every lane a tile, the split
+    # writing each value twice); wider ones rows of tw + 1, whose last column is no tile
+    compact = tw < COMPACT_BELOW
+    rw = tw if compact else tw + 1
+    F = th * rw                              # an image's tiles (and, in rows of tw + 1, non-tiles)
+    ps = (th + 1) * rw + L + rw + 1          # a plane of the split, with room for the last vector's reads
     nb = max(1, min(hi - lo, (BLOCK_TILES + F - 1) // F))
     T = (nb * F + L - 1) // L * L            # a product's row: a block's tiles in whole vectors
     Tv = T + L                               # V's rows: the last tile vector of a row may end past T
+    Tm = T + L                               # M's: not a multiple of 4 KB, which put OUT_TILE's 16 reads in one L1 set
     cols = ACROSS * L
     wide_end = T - T % cols if Co >= 4 else 0     # columns in PRODUCT tiles; the rest in TALL ones
     tall = 12 if Co >= 12 else (4 if Co >= 4 else 1)
     x, u = operand(v, n, 2), operand(v, n, 3)
     out, first_out = output_into(v, n)
-    planes = np.zeros(4 * ps, out.dtype)     # its padding stays zero: only x's places are written
+    planes = np.zeros((8 if compact else 4) * ps, out.dtype)     # its padding stays zero: only x's places are written
     # not zeroed (a call's scratch is ~0.6 MB: zeroing it cost as much as the products); every
     # column the products read is written below, the ones past a block's tiles with zeros
     vt = np.empty(16 * Ci * Tv, out.dtype)
-    mt = np.empty(16 * Co * T, out.dtype)
+    mt = np.empty(16 * Co * Tm, out.dtype)
     yt = np.empty(4 * (T + L), out.dtype)
     for b0 in range(lo, hi, nb):
         b1 = min(b0 + nb, hi)
         for img in range(b0, b1):            # 1 and 2: V, image after image along each row
             for c in range(Ci):
-                _split_parities(planes, ps, wh, x, (img * Ci + c) * H * W, H, W, ph, pw)
-                IN_TILE(data_pointer(planes), ps, wh, data_pointer(vt[c * Tv + (img - b0) * F:]), Ci * Tv,
+                _split_parities(planes, ps, rw, x, (img * Ci + c) * H * W, H, W, ph, pw, compact)
+                IN_TILE(data_pointer(planes), ps, rw, 4 * ps if compact else 1, data_pointer(vt[c * Tv + (img - b0) * F:]), Ci * Tv,
                         (F + L - 1) // L)
         written = (b1 - b0 - 1) * F + (F + L - 1) // L * L
         for row in range(16 * Ci if written < T else 0):
             for q in range(written, T):
                 vt[row * Tv + q] = 0.0
         for k in range(16):                  # 3: the products, M[k] = U[k] @ V[k]
-            uk, vk, mk = k * Co * Ci, k * Ci * Tv, k * Co * T
+            uk, vk, mk = k * Co * Ci, k * Ci * Tv, k * Co * Tm
             for m0 in range(0, Co, 4):
                 r = min(m0, Co - 4)
                 for q in range(0, wide_end, cols):
                     PRODUCT(data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:]),
-                            data_pointer(mt[mk + r * T + q:]), 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+                            data_pointer(mt[mk + r * Tm + q:]), 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
             for m0 in range(0, Co if wide_end < T else 0, tall):
                 r = min(m0, Co - tall)
                 for q in range(wide_end, T, L):
                     xp, wp = data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:])
-                    op = data_pointer(mt[mk + r * T + q:])
+                    op = data_pointer(mt[mk + r * Tm + q:])
                     if tall == 12:
-                        TALL(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+                        TALL(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
                     elif tall == 4:
-                        TALL4(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+                        TALL4(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
                     else:
-                        TALL1(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, T, 0, 0)
+                        TALL1(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
         for co in range(Co):                 # 4: A^T M A, and each tile's outputs into place
-            OUT_TILE(data_pointer(mt[co * T:]), Co * T, data_pointer(yt), T + L, T // L)
+            OUT_TILE(data_pointer(mt[co * Tm:]), Co * Tm, data_pointer(yt), T + L, T // L)
             for img in range(b0, b1):
                 for y in range(OH):
                     ty, a = y // 2, y % 2
-                    even = U(2 * a * (T + L) + (img - b0) * F + ty * wh)
+                    even = U(2 * a * (T + L) + (img - b0) * F + ty * rw)
                     odd = even + U(T + L)
                     row = U((img * Co + co) * OH * OW + y * OW - first_out)
                     for t in range(U(OW // 2)):
