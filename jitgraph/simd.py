@@ -482,9 +482,9 @@ def winograd_input_tile(vbytes: int):
             lanes, vt, _, size = _types(context, dtype, vbytes)
             # the 16 reads' offsets: row r from the row parity's plane, (r // 2) rows down; column c
             # from the column parity's, c // 2 columns on
-            offs = [[builder.add(builder.add(builder.mul(I64(2 * (r % 2) + c % 2), ps), builder.mul(I64(c // 2), shift)),
-                                 builder.mul(I64(r // 2), rw)) for c in range(4)]
-                    for r in range(4)]
+            offs = [[builder.add(builder.add(builder.mul(I64(2 * (r % 2) + c % 2), ps),
+                                             builder.mul(I64(c // 2), shift)), builder.mul(I64(r // 2), rw))
+                     for c in range(4)] for r in range(4)]
             outs = [builder.mul(I64(k), vs) for k in range(16)]
 
             def body(i, _):

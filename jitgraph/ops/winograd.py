@@ -209,17 +209,17 @@ def winograd_tiles(v, n, lo, hi, pad_h, pad_w):
     compact = tw < COMPACT_BELOW
     rw = tw if compact else tw + 1
     F = th * rw                              # an image's tiles (and, in rows of tw + 1, non-tiles)
-    ps = (th + 1) * rw + L + rw + 1          # a plane of the split, with room for the last vector's reads
+    ps = (th + 1) * rw + L + rw + 1          # a plane of the split, room for the last vector's reads
     nb = max(1, min(hi - lo, (BLOCK_TILES + F - 1) // F))
     T = (nb * F + L - 1) // L * L            # a product's row: a block's tiles in whole vectors
     Tv = T + L                               # V's rows: the last tile vector of a row may end past T
-    Tm = T + L                               # M's: not a multiple of 4 KB, which put OUT_TILE's 16 reads in one L1 set
+    Tm = T + L                               # M's: a multiple of 4 KB put OUT_TILE's 16 reads in one L1 set
     cols = ACROSS * L
     wide_end = T - T % cols if Co >= 4 else 0     # columns in PRODUCT tiles; the rest in TALL ones
     tall = 12 if Co >= 12 else (4 if Co >= 4 else 1)
     x, u = operand(v, n, 2), operand(v, n, 3)
     out, first_out = output_into(v, n)
-    planes = np.zeros((8 if compact else 4) * ps, out.dtype)     # its padding stays zero: only x's places are written
+    planes = np.zeros((8 if compact else 4) * ps, out.dtype)     # the padding stays zero: x's places are written
     # not zeroed (a call's scratch is ~0.6 MB: zeroing it cost as much as the products); every
     # column the products read is written below, the ones past a block's tiles with zeros
     vt = np.empty(16 * Ci * Tv, out.dtype)
@@ -230,15 +230,15 @@ def winograd_tiles(v, n, lo, hi, pad_h, pad_w):
         for img in range(b0, b1):            # 1 and 2: V, image after image along each row
             for c in range(Ci):
                 _split_parities(planes, ps, rw, x, (img * Ci + c) * H * W, H, W, ph, pw, compact)
-                IN_TILE(data_pointer(planes), ps, rw, 4 * ps if compact else 1, data_pointer(vt[c * Tv + (img - b0) * F:]), Ci * Tv,
-                        (F + L - 1) // L)
+                IN_TILE(data_pointer(planes), ps, rw, 4 * ps if compact else 1,
+                        data_pointer(vt[c * Tv + (img - b0) * F:]), Ci * Tv, (F + L - 1) // L)
         written = (b1 - b0 - 1) * F + (F + L - 1) // L * L
         for row in range(16 * Ci if written < T else 0):
             for q in range(written, T):
                 vt[row * Tv + q] = 0.0
         for k in range(16):                  # 3: the products, M[k] = U[k] @ V[k]
             uk, vk, mk = k * Co * Ci, k * Ci * Tv, k * Co * Tm
-            for m0 in range(0, Co, 4):
+            for m0 in range(0, Co if wide_end else 0, 4):
                 r = min(m0, Co - 4)
                 for q in range(0, wide_end, cols):
                     PRODUCT(data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:]),
