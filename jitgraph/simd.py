@@ -466,6 +466,18 @@ def _at2(builder, a, b, c, d):
     return [builder.fadd(builder.fadd(a, b), c), builder.fsub(builder.fsub(b, c), d)]
 
 
+def _vector_map(builder, lanes, vt, size, src, reads, dst, writes, n, math):
+    """For f = 0, lanes, ... below n * lanes: loads the vectors at src + reads[k] + f, and stores
+    ``math(loaded)``'s k-th vector at dst + writes[k] + f (offsets in elements)."""
+    def body(i, _):
+        f = builder.mul(i, I64(lanes))
+        loaded = [builder.load(_at(builder, src, builder.add(r, f), vt), align=size) for r in reads]
+        for w, value in zip(writes, math(loaded)):
+            builder.store(value, _at(builder, dst, builder.add(w, f), vt), align=size)
+        return []
+    _loop(builder, n, [], body)
+
+
 def winograd_input_tile(vbytes: int):
     """The intrinsic ``tile(p, ps, rw, shift, v, vs, n)``: for the tiles f < n * lanes of a plane
     split in its four parities (p + (2 * row parity + column parity) * ps, rows rw long: tile f's
@@ -480,23 +492,17 @@ def winograd_input_tile(vbytes: int):
         def codegen(context, builder, signature, args):
             p, ps, rw, shift, v, vs, n = args
             lanes, vt, _, size = _types(context, dtype, vbytes)
-            # the 16 reads' offsets: row r from the row parity's plane, (r // 2) rows down; column c
+            # d[r][c] (read 4 r + c): row r from the row parity's plane, (r // 2) rows down; column c
             # from the column parity's, c // 2 columns on
-            offs = [[builder.add(builder.add(builder.mul(I64(2 * (r % 2) + c % 2), ps),
+            reads = [builder.add(builder.add(builder.mul(I64(2 * (r % 2) + c % 2), ps),
                                              builder.mul(I64(c // 2), shift)), builder.mul(I64(r // 2), rw))
-                     for c in range(4)] for r in range(4)]
-            outs = [builder.mul(I64(k), vs) for k in range(16)]
+                     for r in range(4) for c in range(4)]
 
-            def body(i, _):
-                f = builder.mul(i, I64(lanes))
-                d = [[builder.load(_at(builder, p, builder.add(offs[r][c], f), vt), align=size) for c in range(4)]
-                     for r in range(4)]
-                cols = [_bt(builder, d[0][c], d[1][c], d[2][c], d[3][c]) for c in range(4)]      # B^T d
-                for a in range(4):
-                    for b, value in enumerate(_bt(builder, cols[0][a], cols[1][a], cols[2][a], cols[3][a])):
-                        builder.store(value, _at(builder, v, builder.add(outs[4 * a + b], f), vt), align=size)
-                return []
-            _loop(builder, n, [], body)
+            def transform(d):
+                cols = [_bt(builder, d[c], d[4 + c], d[8 + c], d[12 + c]) for c in range(4)]        # B^T d
+                return [value for a in range(4) for value in _bt(builder, *(col[a] for col in cols))]
+            _vector_map(builder, lanes, vt, size, p, reads, v, [builder.mul(I64(k), vs) for k in range(16)], n,
+                        transform)
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -513,19 +519,12 @@ def winograd_output_tile(vbytes: int):
         def codegen(context, builder, signature, args):
             m, ms, y, ys, n = args
             lanes, vt, _, size = _types(context, dtype, vbytes)
-            ins = [builder.mul(I64(k), ms) for k in range(16)]
-            outs = [builder.mul(I64(q), ys) for q in range(4)]
 
-            def body(i, _):
-                f = builder.mul(i, I64(lanes))
-                t = [builder.load(_at(builder, m, builder.add(ins[k], f), vt), align=size) for k in range(16)]
+            def transform(t):
                 cols = [_at2(builder, t[c], t[4 + c], t[8 + c], t[12 + c]) for c in range(4)]       # A^T m
-                for a in range(2):
-                    for b, value in enumerate(_at2(builder, cols[0][a], cols[1][a], cols[2][a], cols[3][a])):
-                        builder.store(value, _at(builder, y, builder.add(outs[2 * a + b], f), vt), align=size)
-                return []
-            _loop(builder, n, [], body)
+                return [value for a in range(2) for value in _at2(builder, *(col[a] for col in cols))]
+            _vector_map(builder, lanes, vt, size, m, [builder.mul(I64(k), ms) for k in range(16)],
+                        y, [builder.mul(I64(q), ys) for q in range(4)], n, transform)
             return context.get_dummy_value()
         return sig, codegen
     return tile
-

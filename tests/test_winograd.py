@@ -39,7 +39,7 @@ def conv_loss(x0, w0, t0, padding, dtype):
     return bwd, x, w
 
 
-def torch_free_grads(x0, w0, t0, p):
+def reference_grads(x0, w0, t0, p):
     """loss = sum(conv(x, w) * t): its value and gradients from the reference loops."""
     y = conv2d_ref(x0, w0, padding=p)
     xp = np.pad(t0, ((0, 0), (0, 0), (2 - p, 2 - p), (2 - p, 2 - p)))
@@ -65,7 +65,7 @@ def test_forward_and_gradients_equal_the_reference_in_float64(shape, everywhere)
     bwd, x, w = conv_loss(x0, w0, t0, p, np.float64)
     assert winograd_convs(bwd) == (1, 1, 2)           # the product and its input gradient, each with its U
     loss = bwd.run()
-    want, gx, gw = torch_free_grads(x0, w0, t0, p)
+    want, gx, gw = reference_grads(x0, w0, t0, p)
     assert abs(loss - want) <= 1e-12 * np.abs(conv2d_ref(x0, w0, padding=p) * t0).sum()
     np.testing.assert_allclose(x.grad, gx, rtol=1e-11, atol=1e-12 * np.abs(gx).max())
     np.testing.assert_allclose(w.grad, gw, rtol=1e-11, atol=1e-12 * np.abs(gw).max())
@@ -83,7 +83,7 @@ def test_float32_is_within_rounding_of_the_direct_product(monkeypatch):
         bwd, x, w = conv_loss(x0.astype(np.float32), w0.astype(np.float32), t0.astype(np.float32), 1, np.float32)
         assert winograd_convs(bwd) == ((1, 1, 2) if least else (0, 0, 0))
         bwd.run()
-        _, gx, gw = torch_free_grads(x0.astype(np.float32).astype(np.float64), w0.astype(np.float32).astype(np.float64),
+        _, gx, gw = reference_grads(x0.astype(np.float32).astype(np.float64), w0.astype(np.float32).astype(np.float64),
                                      t0.astype(np.float32).astype(np.float64), 1)
         errors[least] = (np.abs(x.grad - gx).max() / np.abs(gx).max(), np.abs(w.grad - gw).max() / np.abs(gw).max())
     assert max(errors[12]) < 2e-6 and max(errors[0]) < 2e-6, errors

@@ -464,12 +464,13 @@ def _conv2d_vjp(g, x, w, xp, u, out, dilation_h, dilation_w, groups, mode, pad_h
     # a DIRECT product that pads as it reads (FOLD_PADDING: it reads x itself): its weight gradient
     # reads a padded copy, made here; its input gradient pads g as it reads it too
     winograd = source == WINOGRAD
-    folded = ((source == DIRECT) | winograd) & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
+    reads_x = (source == DIRECT) | winograd            # a product that reads x itself, not its windows
+    folded = reads_x & (x.id == xp.id) & ((pad_h > 0) | (pad_w > 0))
     read = either(folded, pad(xp, pad_h, pad_w), xp)
     # planes narrower than CHANNEL_BELOW with whole blocks of channels: g laid out channels last
     # (a transpose the size of g) and the channel-vector kernel, where the lanes run across
     # channels (measured on 512-bit and 256-bit hosts: conv_weight.C2, C2_NARROW)
-    by_channel = ((source == DIRECT) | winograd) & (mode == FWD) & (groups == 1) & (g.shape[1] % CHANNEL_BLOCK == 0) \
+    by_channel = reads_x & (mode == FWD) & (groups == 1) & (g.shape[1] % CHANNEL_BLOCK == 0) \
         & (g.shape[3] < CHANNEL_BELOW)
     weight = dict(like=w, dilation_h=dilation_h, dilation_w=dilation_w, groups=groups, mode=mode,
                   stride_h=either(phases, stride_h, 1), stride_w=either(phases, stride_w, 1),

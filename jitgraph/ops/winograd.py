@@ -212,8 +212,9 @@ def winograd_tiles(v, n, lo, hi, pad_h, pad_w):
     ps = (th + 1) * rw + L + rw + 1          # a plane of the split, room for the last vector's reads
     nb = max(1, min(hi - lo, (BLOCK_TILES + F - 1) // F))
     T = (nb * F + L - 1) // L * L            # a product's row: a block's tiles in whole vectors
-    Tv = T + L                               # V's rows: the last tile vector of a row may end past T
-    Tm = T + L                               # M's: a multiple of 4 KB put OUT_TILE's 16 reads in one L1 set
+    # the pitch of V, M and the outputs: a vector longer than T, since a row's last tile vector may
+    # end past T (and a multiple of 4 KB would put OUT_TILE's 16 reads in one L1 set)
+    pitch = T + L
     cols = ACROSS * L
     wide_end = T - T % cols if Co >= 4 else 0     # columns in PRODUCT tiles; the rest in TALL ones
     tall = 12 if Co >= 12 else (4 if Co >= 4 else 1)
@@ -222,45 +223,45 @@ def winograd_tiles(v, n, lo, hi, pad_h, pad_w):
     planes = np.zeros((8 if compact else 4) * ps, out.dtype)     # the padding stays zero: x's places are written
     # not zeroed (a call's scratch is ~0.6 MB: zeroing it cost as much as the products); every
     # column the products read is written below, the ones past a block's tiles with zeros
-    vt = np.empty(16 * Ci * Tv, out.dtype)
-    mt = np.empty(16 * Co * Tm, out.dtype)
-    yt = np.empty(4 * (T + L), out.dtype)
+    vt = np.empty(16 * Ci * pitch, out.dtype)
+    mt = np.empty(16 * Co * pitch, out.dtype)
+    yt = np.empty(4 * pitch, out.dtype)
     for b0 in range(lo, hi, nb):
         b1 = min(b0 + nb, hi)
         for img in range(b0, b1):            # 1 and 2: V, image after image along each row
             for c in range(Ci):
                 _split_parities(planes, ps, rw, x, (img * Ci + c) * H * W, H, W, ph, pw, compact)
                 IN_TILE(data_pointer(planes), ps, rw, 4 * ps if compact else 1,
-                        data_pointer(vt[c * Tv + (img - b0) * F:]), Ci * Tv, (F + L - 1) // L)
+                        data_pointer(vt[c * pitch + (img - b0) * F:]), Ci * pitch, (F + L - 1) // L)
         written = (b1 - b0 - 1) * F + (F + L - 1) // L * L
         for row in range(16 * Ci if written < T else 0):
             for q in range(written, T):
-                vt[row * Tv + q] = 0.0
+                vt[row * pitch + q] = 0.0
         for k in range(16):                  # 3: the products, M[k] = U[k] @ V[k]
-            uk, vk, mk = k * Co * Ci, k * Ci * Tv, k * Co * Tm
+            uk, vk, mk = k * Co * Ci, k * Ci * pitch, k * Co * pitch
             for m0 in range(0, Co if wide_end else 0, 4):
                 r = min(m0, Co - 4)
                 for q in range(0, wide_end, cols):
                     PRODUCT(data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:]),
-                            data_pointer(mt[mk + r * Tm + q:]), 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
+                            data_pointer(mt[mk + r * pitch + q:]), 1, 1, Ci, 0, 0, pitch, 0, 0, 1, Ci, 0, pitch, 0, 0)
             for m0 in range(0, Co if wide_end < T else 0, tall):
                 r = min(m0, Co - tall)
                 for q in range(wide_end, T, L):
                     xp, wp = data_pointer(vt[vk + q:]), data_pointer(u[uk + r * Ci:])
-                    op = data_pointer(mt[mk + r * Tm + q:])
+                    op = data_pointer(mt[mk + r * pitch + q:])
                     if tall == 12:
-                        TALL(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
+                        TALL(xp, wp, op, 1, 1, Ci, 0, 0, pitch, 0, 0, 1, Ci, 0, pitch, 0, 0)
                     elif tall == 4:
-                        TALL4(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
+                        TALL4(xp, wp, op, 1, 1, Ci, 0, 0, pitch, 0, 0, 1, Ci, 0, pitch, 0, 0)
                     else:
-                        TALL1(xp, wp, op, 1, 1, Ci, 0, 0, Tv, 0, 0, 1, Ci, 0, Tm, 0, 0)
+                        TALL1(xp, wp, op, 1, 1, Ci, 0, 0, pitch, 0, 0, 1, Ci, 0, pitch, 0, 0)
         for co in range(Co):                 # 4: A^T M A, and each tile's outputs into place
-            OUT_TILE(data_pointer(mt[co * Tm:]), Co * Tm, data_pointer(yt), T + L, T // L)
+            OUT_TILE(data_pointer(mt[co * pitch:]), Co * pitch, data_pointer(yt), pitch, T // L)
             for img in range(b0, b1):
                 for y in range(OH):
                     ty, a = y // 2, y % 2
-                    even = U(2 * a * (T + L) + (img - b0) * F + ty * rw)
-                    odd = even + U(T + L)
+                    even = U(2 * a * pitch + (img - b0) * F + ty * rw)
+                    odd = even + U(pitch)
                     row = U((img * Co + co) * OH * OW + y * OW - first_out)
                     for t in range(U(OW // 2)):
                         out[row + U(2) * t] = yt[even + t]
