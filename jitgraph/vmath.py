@@ -340,21 +340,145 @@ def _ov_in_dtype_of(arr, c):
 
 
 # ---- reductions of contiguous runs ---------------------------------------------------------------
-# Eight running partials in a fixed order: deterministic, and LLVM keeps them in one
-# vector register (it never reorders a single float sum by itself).  They take the run
-# as a slice and index it from 0: an index LLVM cannot prove non-negative carries
-# Numba's wraparound test, which keeps a loop from vectorizing.
-@njit(cache=True, error_model="numpy")
+# Eight running partials in a fixed order: partial k sums the terms j = k (mod 8) in turn, the
+# last m % 8 terms go to partial 0, and the partials are combined pairwise.  Deterministic, and
+# cheaper than one running sum: but LLVM leaves eight scalar chains scalar (seen in the machine
+# code on Zen 4: vaddss, ~2.3 cycles an element for a row's mean and variance), so a run that is
+# contiguous takes _partials8, which keeps the eight partials as the lanes of one vector -- the
+# same additions in the same order, the same bits, one vector step per eight terms.  Others (a
+# strided run, mixed dtypes) take the scalar loops, which say the order in plain code.
+def _partials8(term):
+    """The intrinsic ``partials(a, b, mu, z)``: the sum over j < a.size of ``term(a[j], b[j], mu)``
+    (an expression over values of a's dtype, widened to z's type before it is added) in the order
+    above, starting from z.  a and b are 1-d contiguous arrays of one dtype, mu of that dtype."""
+    @intrinsic
+    def partials(typingctx, a, b, mu, z):
+        arrays = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
+        if not (arrays and b.dtype == a.dtype == mu and isinstance(z, types.Float) and z.bitwidth >= mu.bitwidth):
+            return None
+        sig = z(a, b, mu, z)
+
+        def codegen(context, builder, signature, args):
+            from .simd import I32, I64, _at, _loop, _splat       # the IR helpers of the tile kernels
+            a_ary = context.make_array(signature.args[0])(context, builder, args[0])
+            b_ary = context.make_array(signature.args[1])(context, builder, args[1])
+            et, at = context.get_value_type(mu), context.get_value_type(z)
+            ve, va = ir.VectorType(et, 8), ir.VectorType(at, 8)
+            size = mu.bitwidth // 8
+
+            def widened(value, to):
+                return value if to == et or to == ve else builder.fpext(value, to)
+
+            n = a_ary.nitems
+            steps = builder.udiv(n, I64(8))
+            mu_v = _splat(builder, args[2], ve)
+
+            def step(i, acc):
+                j = builder.mul(i, I64(8))
+                x = builder.load(_at(builder, a_ary.data, j, ve), align=size)
+                y = builder.load(_at(builder, b_ary.data, j, ve), align=size)
+                return [builder.fadd(acc[0], widened(term(builder, x, y, mu_v), va))]
+            acc = _loop(builder, steps, [_splat(builder, args[3], va)], step)[0]
+            lanes = [builder.extract_element(acc, I32(k)) for k in range(8)]
+            first = builder.mul(steps, I64(8))
+
+            def rest(i, s0):
+                j = builder.add(first, i)
+                x = builder.load(builder.gep(a_ary.data, [j]), align=size)
+                y = builder.load(builder.gep(b_ary.data, [j]), align=size)
+                return [builder.fadd(s0[0], widened(term(builder, x, y, args[2]), at))]
+            lanes[0] = _loop(builder, builder.sub(n, first), [lanes[0]], rest)[0]
+            s = [builder.fadd(lanes[k], lanes[k + 1]) for k in range(0, 8, 2)]
+            return builder.fadd(builder.fadd(s[0], s[1]), builder.fadd(s[2], s[3]))
+        return sig, codegen
+    return partials
+
+
+_sum_v = _partials8(lambda b, x, y, mu: x)                                  # x
+_dot_v = _partials8(lambda b, x, y, mu: b.fmul(x, y))                       # x y
+_sqdev_v = _partials8(lambda b, x, y, mu: b.fmul(b.fsub(x, mu), b.fsub(x, mu)))   # (x - mu)^2
+_dotdev_v = _partials8(lambda b, x, y, mu: b.fmul(x, b.fsub(y, mu)))        # x (y - mu)
+
+
+def _contiguous(*arrays):
+    return all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and isinstance(t.dtype, types.Float)
+               and t.dtype == arrays[0].dtype
+               for t in arrays)
+
+
 def sum8(x):
+    """The sum of x (eight partials, in x's dtype)."""
     return _sum8(x, in_dtype_of(x, 0.0))
 
 
-@njit(cache=True, error_model="numpy")
 def sum8_f64(x):
     """sum8 accumulated in float64 whatever x's dtype."""
     return _sum8(x, 0.0)
 
 
+def dot8(x, y):
+    """sum of x[j] * y[j]."""
+    return _dot8(x, y, in_dtype_of(x, 0.0))
+
+
+def dot8_f64(x, y):
+    """dot8 accumulated in float64 whatever x's dtype (the products in x's)."""
+    return _dot8(x, y, 0.0)
+
+
+def sqdev8(x, mu):
+    """sum of (x[j] - mu)^2."""
+    return _sqdev8(x, mu)
+
+
+def dotdev8(g, x, mu):
+    """sum of g[j] * (x[j] - mu)."""
+    return _dotdev8(g, x, mu)
+
+
+@overload(sum8)
+def _ov_sum8(x):
+    if _contiguous(x):
+        return lambda x: _sum_v(x, x, in_dtype_of(x, 0.0), in_dtype_of(x, 0.0))
+    return lambda x: _sum8(x, in_dtype_of(x, 0.0))
+
+
+@overload(sum8_f64)
+def _ov_sum8_f64(x):
+    if _contiguous(x):
+        return lambda x: _sum_v(x, x, in_dtype_of(x, 0.0), 0.0)
+    return lambda x: _sum8(x, 0.0)
+
+
+@overload(dot8)
+def _ov_dot8(x, y):
+    if _contiguous(x, y):
+        return lambda x, y: _dot_v(x, y, in_dtype_of(x, 0.0), in_dtype_of(x, 0.0))
+    return lambda x, y: _dot8(x, y, in_dtype_of(x, 0.0))
+
+
+@overload(dot8_f64)
+def _ov_dot8_f64(x, y):
+    if _contiguous(x, y):
+        return lambda x, y: _dot_v(x, y, in_dtype_of(x, 0.0), 0.0)
+    return lambda x, y: _dot8(x, y, 0.0)
+
+
+@overload(sqdev8)
+def _ov_sqdev8(x, mu):
+    if _contiguous(x) and mu == x.dtype:
+        return lambda x, mu: _sqdev_v(x, x, mu, in_dtype_of(x, 0.0))
+    return lambda x, mu: _sqdev8(x, mu)
+
+
+@overload(dotdev8)
+def _ov_dotdev8(g, x, mu):
+    if _contiguous(g, x) and mu == x.dtype:
+        return lambda g, x, mu: _dotdev_v(g, x, mu, in_dtype_of(x, 0.0))
+    return lambda g, x, mu: _dotdev8(g, x, mu)
+
+
+# the scalar loops: the order in plain code, for the runs _partials8 does not take
 @njit(cache=True, error_model="numpy")
 def _sum8(x, z):
     """The sum of x with eight running partials starting from z (its type is the
@@ -379,18 +503,6 @@ def _sum8(x, z):
 
 
 @njit(cache=True, error_model="numpy")
-def dot8(x, y):
-    """sum of x[j] * y[j]."""
-    return _dot8(x, y, in_dtype_of(x, 0.0))
-
-
-@njit(cache=True, error_model="numpy")
-def dot8_f64(x, y):
-    """dot8 accumulated in float64 whatever x's dtype."""
-    return _dot8(x, y, 0.0)
-
-
-@njit(cache=True, error_model="numpy")
 def _dot8(x, y, z):
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     m = x.size
@@ -412,8 +524,7 @@ def _dot8(x, y, z):
 
 
 @njit(cache=True, error_model="numpy")
-def sqdev8(x, mu):
-    """sum of (x[j] - mu)^2."""
+def _sqdev8(x, mu):
     z = in_dtype_of(x, 0.0)
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     m = x.size
@@ -444,8 +555,7 @@ def sqdev8(x, mu):
 
 
 @njit(cache=True, error_model="numpy")
-def dotdev8(g, x, mu):
-    """sum of g[j] * (x[j] - mu)."""
+def _dotdev8(g, x, mu):
     z = in_dtype_of(x, 0.0)
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     m = x.size

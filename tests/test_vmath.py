@@ -493,3 +493,35 @@ def test_float32_math_loops_vectorize_on_avx2(loop, conversion):
     asm = "\n".join(loop.inspect_asm().values())
     assert re.search(r"vfmadd\w*ps\s[^\n]*%[yz]mm", asm), "no packed float32 FMA: the loop did not vectorize"
     assert re.search(conversion + r"\s[^\n]*%[yz]mm", asm), f"no packed {conversion}: the conversion is scalar"
+
+
+@njit(error_model="numpy", cache=False)
+def _partials_both_ways(a, b, mu, out):
+    """Each row reduction of a contiguous run (the vector lanes of vmath._partials8) and the
+    scalar loop that spells out its order."""
+    z = vmath.in_dtype_of(a, 0.0)
+    out[0, 0], out[1, 0] = vmath.sum8(a), vmath._sum8(a, z)
+    out[0, 1], out[1, 1] = vmath.sum8_f64(a), vmath._sum8(a, 0.0)
+    out[0, 2], out[1, 2] = vmath.dot8(a, b), vmath._dot8(a, b, z)
+    out[0, 3], out[1, 3] = vmath.dot8_f64(a, b), vmath._dot8(a, b, 0.0)
+    out[0, 4], out[1, 4] = vmath.sqdev8(a, mu), vmath._sqdev8(a, mu)
+    out[0, 5], out[1, 5] = vmath.dotdev8(b, a, mu), vmath._dotdev8(b, a, mu)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_vector_partials_give_the_scalar_orders_bits(dtype):
+    """The eight partials kept as vector lanes add the same terms in the same order as the
+    scalar loops: the same bits for every length (whole vectors, a tail, none), on values
+    spread over twelve decades (where a different order would show in the last bits)."""
+    rng = np.random.default_rng(11)
+    for m in list(range(0, 35)) + [127, 128, 129, 1000, 4099]:
+        for _ in range(4):
+            a = (rng.standard_normal(m) * 10.0 ** rng.uniform(-6, 6, m)).astype(dtype)
+            b = rng.standard_normal(m).astype(dtype)
+            mu = dtype(a.mean() if m else 0.0)
+            out = np.empty((2, 6), np.float64)
+            _partials_both_ways(a, b, mu, out)
+            assert out[0].tobytes() == out[1].tobytes(), f"m={m}: {out[0] - out[1]}"
+    ir = "\n".join(_partials_both_ways.inspect_llvm().values())
+    lanes = "float" if dtype == np.float32 else "double"
+    assert re.search(rf"\bfadd\b[^\n]*<8 x {lanes}>", ir), "the partials are not a vector: the sums run scalar"
