@@ -347,10 +347,12 @@ def _ov_in_dtype_of(arr, c):
 # contiguous takes _partials8, which keeps the eight partials as the lanes of one vector -- the
 # same additions in the same order, the same bits, one vector step per eight terms.  Others (a
 # strided run, mixed dtypes) take the scalar loops, which say the order in plain code.
-def _partials8(term):
+def _partials8(term, fold="add"):
     """The intrinsic ``partials(a, b, mu, z)``: the sum over j < a.size of ``term(a[j], b[j], mu)``
     (an expression over values of a's dtype, widened to z's type before it is added) in the order
-    above, starting from z.  a and b are 1-d contiguous arrays of one dtype, mu of that dtype."""
+    above, starting from z.  a and b are 1-d contiguous arrays of one dtype, mu of that dtype.
+    With ``fold="max"``: the largest term instead, each partial ``p = t if t > p else p`` as
+    Numba's ``max(p, t)`` is, and NaN if any term is NaN."""
     @intrinsic
     def partials(typingctx, a, b, mu, z):
         arrays = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
@@ -369,27 +371,42 @@ def _partials8(term):
             def widened(value, to):
                 return value if to == et or to == ve else builder.fpext(value, to)
 
+            def combine(p, t):
+                if fold == "add":
+                    return builder.fadd(p, t)
+                return builder.select(builder.fcmp_ordered(">", t, p), t, p)
+
+            def nan_in(t, seen):                        # seen | (t is NaN), lane by lane
+                return builder.or_(seen, builder.fcmp_unordered("uno", t, t)) if fold == "max" else seen
+
             n = a_ary.nitems
             steps = builder.udiv(n, I64(8))
             mu_v = _splat(builder, args[2], ve)
+            no_nan = ir.Constant(ir.VectorType(ir.IntType(1), 8), [0] * 8)
 
-            def step(i, acc):
+            def step(i, carried):
                 j = builder.mul(i, I64(8))
                 x = builder.load(_at(builder, a_ary.data, j, ve), align=size)
                 y = builder.load(_at(builder, b_ary.data, j, ve), align=size)
-                return [builder.fadd(acc[0], widened(term(builder, x, y, mu_v), va))]
-            acc = _loop(builder, steps, [_splat(builder, args[3], va)], step)[0]
+                t = widened(term(builder, x, y, mu_v), va)
+                return [combine(carried[0], t), nan_in(t, carried[1])]
+            acc, seen = _loop(builder, steps, [_splat(builder, args[3], va), no_nan], step)
             lanes = [builder.extract_element(acc, I32(k)) for k in range(8)]
+            nan = builder.extract_element(seen, I32(0))
+            for k in range(1, 8):
+                nan = builder.or_(nan, builder.extract_element(seen, I32(k)))
             first = builder.mul(steps, I64(8))
 
-            def rest(i, s0):
+            def rest(i, carried):
                 j = builder.add(first, i)
                 x = builder.load(builder.gep(a_ary.data, [j]), align=size)
                 y = builder.load(builder.gep(b_ary.data, [j]), align=size)
-                return [builder.fadd(s0[0], widened(term(builder, x, y, args[2]), at))]
-            lanes[0] = _loop(builder, builder.sub(n, first), [lanes[0]], rest)[0]
-            s = [builder.fadd(lanes[k], lanes[k + 1]) for k in range(0, 8, 2)]
-            return builder.fadd(builder.fadd(s[0], s[1]), builder.fadd(s[2], s[3]))
+                t = widened(term(builder, x, y, args[2]), at)
+                return [combine(carried[0], t), nan_in(t, carried[1])]
+            lanes[0], nan = _loop(builder, builder.sub(n, first), [lanes[0], nan], rest)
+            s = [combine(lanes[k], lanes[k + 1]) for k in range(0, 8, 2)]
+            total = combine(combine(s[0], s[1]), combine(s[2], s[3]))
+            return builder.select(nan, ir.Constant(at, float("nan")), total) if fold == "max" else total
         return sig, codegen
     return partials
 
@@ -398,6 +415,7 @@ _sum_v = _partials8(lambda b, x, y, mu: x)                                  # x
 _dot_v = _partials8(lambda b, x, y, mu: b.fmul(x, y))                       # x y
 _sqdev_v = _partials8(lambda b, x, y, mu: b.fmul(b.fsub(x, mu), b.fsub(x, mu)))   # (x - mu)^2
 _dotdev_v = _partials8(lambda b, x, y, mu: b.fmul(x, b.fsub(y, mu)))        # x (y - mu)
+_max_v = _partials8(lambda b, x, y, mu: x, fold="max")                      # max x
 
 
 def _contiguous(*arrays):
@@ -576,9 +594,20 @@ def _dotdev8(g, x, mu):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@njit(cache=True, error_model="numpy")
 def max8(x):
     """max of x; NaN if any element is NaN."""
+    return _max8(x)
+
+
+@overload(max8)
+def _ov_max8(x):
+    if _contiguous(x):
+        return lambda x: _max_v(x, x, in_dtype_of(x, 0.0), in_dtype_of(x, -np.inf))
+    return lambda x: _max8(x)
+
+
+@njit(cache=True, error_model="numpy")
+def _max8(x):
     lo = in_dtype_of(x, -np.inf)
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = lo
     m = x.size

@@ -506,22 +506,29 @@ def _partials_both_ways(a, b, mu, out):
     out[0, 3], out[1, 3] = vmath.dot8_f64(a, b), vmath._dot8(a, b, 0.0)
     out[0, 4], out[1, 4] = vmath.sqdev8(a, mu), vmath._sqdev8(a, mu)
     out[0, 5], out[1, 5] = vmath.dotdev8(b, a, mu), vmath._dotdev8(b, a, mu)
+    out[0, 6], out[1, 6] = vmath.max8(a), vmath._max8(a)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_vector_partials_give_the_scalar_orders_bits(dtype):
     """The eight partials kept as vector lanes add the same terms in the same order as the
     scalar loops: the same bits for every length (whole vectors, a tail, none), on values
-    spread over twelve decades (where a different order would show in the last bits)."""
+    spread over twelve decades (where a different order would show in the last bits); max8
+    the same value, NaN, sign of zero and infinity."""
     rng = np.random.default_rng(11)
     for m in list(range(0, 35)) + [127, 128, 129, 1000, 4099]:
         for _ in range(4):
             a = (rng.standard_normal(m) * 10.0 ** rng.uniform(-6, 6, m)).astype(dtype)
             b = rng.standard_normal(m).astype(dtype)
             mu = dtype(a.mean() if m else 0.0)
-            out = np.empty((2, 6), np.float64)
+            out = np.empty((2, 7), np.float64)
             _partials_both_ways(a, b, mu, out)
             assert out[0].tobytes() == out[1].tobytes(), f"m={m}: {out[0] - out[1]}"
+        for special in (np.nan, -0.0, np.inf, -np.inf):     # max's NaN, its ties of zeros, infinities
+            a = np.where(rng.random(m) < 0.2, dtype(special), rng.standard_normal(m).astype(dtype))
+            _partials_both_ways(a, a, dtype(0.0), out)
+            assert np.array_equal(out[0, 6:], out[1, 6:], equal_nan=True) and \
+                np.signbit(out[0, 6]) == np.signbit(out[1, 6]), f"max8 m={m} with {special}"
     ir = "\n".join(_partials_both_ways.inspect_llvm().values())
     lanes = "float" if dtype == np.float32 else "double"
     assert re.search(rf"\bfadd\b[^\n]*<8 x {lanes}>", ir), "the partials are not a vector: the sums run scalar"
