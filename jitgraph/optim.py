@@ -17,7 +17,7 @@ from numba import njit
 
 from .errors import GraphError
 from .graph import Graph, Tensor
-from .vmath import dot8_f64
+from .reductions import dot8_f64
 
 
 @njit(cache=True, error_model="numpy")

@@ -10,7 +10,7 @@ import pytest
 from numba import njit
 from scipy.special import expit, ndtr
 
-from jitgraph import vmath
+from jitgraph import reductions, vmath
 
 F = np.float32
 FLT_MIN = float(np.finfo(F).tiny)           # smallest normal float32
@@ -294,31 +294,31 @@ def test_float64_special_values(name):
 @njit(error_model="numpy", cache=False)
 def rows_sum8(flat, m, out):
     for r in range(out.size):                      # rows as slices of one flat buffer, like the kernels
-        out[r] = vmath.sum8(flat[r * m:(r + 1) * m])
+        out[r] = reductions.sum8(flat[r * m:(r + 1) * m])
 
 
 @njit(error_model="numpy", cache=False)
 def rows_dot8(a, b, m, out):
     for r in range(out.size):
-        out[r] = vmath.dot8(a[r * m:(r + 1) * m], b[r * m:(r + 1) * m])
+        out[r] = reductions.dot8(a[r * m:(r + 1) * m], b[r * m:(r + 1) * m])
 
 
 @njit(error_model="numpy", cache=False)
 def rows_sqdev8(flat, m, mu, out):
     for r in range(out.size):
-        out[r] = vmath.sqdev8(flat[r * m:(r + 1) * m], mu[r])
+        out[r] = reductions.sqdev8(flat[r * m:(r + 1) * m], mu[r])
 
 
 @njit(error_model="numpy", cache=False)
 def rows_dotdev8(g, x, m, mu, out):
     for r in range(out.size):
-        out[r] = vmath.dotdev8(g[r * m:(r + 1) * m], x[r * m:(r + 1) * m], mu[r])
+        out[r] = reductions.dotdev8(g[r * m:(r + 1) * m], x[r * m:(r + 1) * m], mu[r])
 
 
 @njit(error_model="numpy", cache=False)
 def rows_max8(flat, m, out):
     for r in range(out.size):
-        out[r] = vmath.max8(flat[r * m:(r + 1) * m])
+        out[r] = reductions.max8(flat[r * m:(r + 1) * m])
 
 
 LENGTHS = list(range(0, 34)) + [63, 64, 65, 127, 200, 1000, 4099]
@@ -497,16 +497,16 @@ def test_float32_math_loops_vectorize_on_avx2(loop, conversion):
 
 @njit(error_model="numpy", cache=False)
 def _partials_both_ways(a, b, mu, out):
-    """Each row reduction of a contiguous run (the vector lanes of vmath._partials8) and the
+    """Each row reduction of a contiguous run (the vector lanes of reductions._partials8) and the
     scalar loop that spells out its order."""
     z = vmath.in_dtype_of(a, 0.0)
-    out[0, 0], out[1, 0] = vmath.sum8(a), vmath._sum8(a, z)
-    out[0, 1], out[1, 1] = vmath.sum8_f64(a), vmath._sum8(a, 0.0)
-    out[0, 2], out[1, 2] = vmath.dot8(a, b), vmath._dot8(a, b, z)
-    out[0, 3], out[1, 3] = vmath.dot8_f64(a, b), vmath._dot8(a, b, 0.0)
-    out[0, 4], out[1, 4] = vmath.sqdev8(a, mu), vmath._sqdev8(a, mu)
-    out[0, 5], out[1, 5] = vmath.dotdev8(b, a, mu), vmath._dotdev8(b, a, mu)
-    out[0, 6], out[1, 6] = vmath.max8(a), vmath._max8(a)
+    out[0, 0], out[1, 0] = reductions.sum8(a), reductions._sum8(a, z)
+    out[0, 1], out[1, 1] = reductions.sum8_f64(a), reductions._sum8(a, 0.0)
+    out[0, 2], out[1, 2] = reductions.dot8(a, b), reductions._dot8(a, b, z)
+    out[0, 3], out[1, 3] = reductions.dot8_f64(a, b), reductions._dot8(a, b, 0.0)
+    out[0, 4], out[1, 4] = reductions.sqdev8(a, mu), reductions._sqdev8(a, mu)
+    out[0, 5], out[1, 5] = reductions.dotdev8(b, a, mu), reductions._dotdev8(b, a, mu)
+    out[0, 6], out[1, 6] = reductions.max8(a), reductions._max8(a)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])

@@ -48,7 +48,8 @@ from ..registry import (BATCH_NORM, BATCH_NORM_DX, BATCH_NORM_SUMS, BATCH_STATS,
                         defop, slots)
 from ..rules import either, op
 from ..status import OK
-from ..vmath import in_dtype_of, sum8
+from ..reductions import sum8
+from ..vmath import in_dtype_of
 from .common import need_tensor
 from .shape import concat, reshape
 

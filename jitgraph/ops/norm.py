@@ -26,7 +26,8 @@ from ..registry import (COMPUTE, ELEMENTS, LAYER_NORM, LAYER_NORM_AFFINE, LAYER_
                         RMS_NORM_D, ROWS, defop, slots)
 from ..rules import either, op
 from ..status import OK
-from ..vmath import dotdev8, in_dtype_of, sqdev8, sum8
+from ..reductions import dotdev8, sqdev8, sum8
+from ..vmath import in_dtype_of
 from .binary import add, mul
 from .common import need_pair, need_tensor
 from .reduce import rowmean, rowsum

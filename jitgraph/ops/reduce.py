@@ -20,7 +20,8 @@ from ..native import RUN_EXTENT, operand, output, run_view, span
 from ..registry import ARGMAX, BROADCAST, COMPUTE, CUSTOM, MAX, MAX_MASK, MEAN, ROWS, SUM, ZERO_GRAD, defop, slots
 from ..rules import Sym, op
 from ..status import OK
-from ..vmath import in_dtype_of, sum8_f64
+from ..reductions import sum8_f64
+from ..vmath import in_dtype_of
 from .common import broadcast_mask, need_tensor, normalize_axes, normalize_axis, padded_mask
 from .shape import outer_inner
 

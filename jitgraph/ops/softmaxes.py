@@ -25,7 +25,8 @@ from ..registry import (COMPUTE, CROSS_ENTROPY, CROSS_ENTROPY_D, CROSS_ENTROPY_I
 from ..rules import op
 from ..status import ERR_INDEX, OK
 from .. import vmath
-from ..vmath import dot8, in_dtype_of, max8, sum8
+from ..reductions import dot8, max8, sum8
+from ..vmath import in_dtype_of
 from .common import as_tensor, graph_of, need_pair, need_tensor, normalize_axis
 from .gather import MAX_EXACT_INDEX
 from .reduce import rowsum
