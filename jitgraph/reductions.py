@@ -27,8 +27,7 @@ def _partials8(term, fold="add"):
     Numba's ``max(p, t)`` is, and NaN if any term is NaN."""
     @intrinsic
     def partials(typingctx, a, b, mu, z):
-        arrays = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
-        if not (arrays and b.dtype == a.dtype == mu and isinstance(z, types.Float) and z.bitwidth >= mu.bitwidth):
+        if not (_contiguous(a, b) and mu == a.dtype and isinstance(z, types.Float) and z.bitwidth >= mu.bitwidth):
             return None
         sig = z(a, b, mu, z)
 
@@ -84,15 +83,20 @@ def _partials8(term, fold="add"):
 
 _sum_v = _partials8(lambda b, x, y, mu: x)                                  # x
 _dot_v = _partials8(lambda b, x, y, mu: b.fmul(x, y))                       # x y
-_sqdev_v = _partials8(lambda b, x, y, mu: b.fmul(b.fsub(x, mu), b.fsub(x, mu)))   # (x - mu)^2
+def _squared_deviation(b, x, y, mu):                                         # (x - mu)^2
+    d = b.fsub(x, mu)
+    return b.fmul(d, d)
+
+
+_sqdev_v = _partials8(_squared_deviation)
 _dotdev_v = _partials8(lambda b, x, y, mu: b.fmul(x, b.fsub(y, mu)))        # x (y - mu)
 _max_v = _partials8(lambda b, x, y, mu: x, fold="max")                      # max x
 
 
 def _contiguous(*arrays):
+    """Are these Numba types 1-d C-contiguous float arrays of one dtype (the runs _partials8 takes)?"""
     return all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and isinstance(t.dtype, types.Float)
-               and t.dtype == arrays[0].dtype
-               for t in arrays)
+               and t.dtype == arrays[0].dtype for t in arrays)
 
 
 def sum8(x):
