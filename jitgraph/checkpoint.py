@@ -22,7 +22,7 @@ import numpy as np
 
 from . import registry
 from .budget import budget_dp
-from .cost import REMAT_MIN_ELEMENTS, analyze_forward, compute_bound, not_worth_saving, remake_table
+from .cost import REMAT_MIN_ELEMENTS, analyze_forward, compute_bound, copied_again, not_worth_saving, remake_table
 from .errors import GraphError
 from .ir import F_CHECKPOINT, F_LEAF
 from .plan import K_VIEW
@@ -172,10 +172,8 @@ class Planner:
             return keep
         nodes = self.graph.nodes
         remake = remake_table()
-        if self.remat == "auto":              # no cheap op big enough: no analysis, not even the pass compiled
-            big = nodes.shape[self.order].prod(axis=1) >= REMAT_MIN_ELEMENTS
-            if not np.any(big & (remake[nodes.op[self.order]] > 0)):
-                return keep
+        if not self._big_cheap(remake, np.ones(self.order.size, bool)):
+            return keep
         drop = not_worth_saving(nodes.arrays(), self.end, self.order, self.saved, keep, remake,
                                 registry.table("kind"), K_VIEW, 0 if self.remat is True else REMAT_MIN_ELEMENTS)
         drop[self.loss] = 0
@@ -186,6 +184,15 @@ class Planner:
         # a remade value can outlive a source's last backward read: take it only when the exact peak falls
         trial = self.trial
         return lean if trial.measure(lean)["peak_bytes"] < trial.measure(keep)["peak_bytes"] else keep
+
+    def _big_cheap(self, remake, among):
+        """Might remat find anything among the forward positions ``among``: a cheap op there
+        (with remat "auto", a big one)?  Else neither its analysis runs nor its pass compiles."""
+        nodes = self.graph.nodes
+        cheap = remake[nodes.op[self.order]] > 0
+        if self.remat == "auto":
+            cheap &= nodes.shape[self.order].prod(axis=1) >= REMAT_MIN_ELEMENTS
+        return bool(np.any(cheap & among))
 
     @property
     def remade(self):
@@ -239,6 +246,25 @@ class Planner:
         states = self.states
         return one_level(keep, self.step_of(states), states.size + 1)
 
+    def remade_schedule(self, keep):
+        """The one-level Schedule of ``keep``, its cheap recomputed tensors (remat's kind) copied
+        again for the backward reads that come long after the recomputation that made them
+        (rewrite.py) -- when the planner rematerializes and that lowers the exact peak."""
+        plain = self.schedule(keep)
+        remake = remake_table()
+        if self.remat is False or not self._big_cheap(remake, (keep[self.order] == 0) & (self.saved[self.order] > 0)):
+            return plain
+        mask = copied_again(self.graph.nodes.arrays(), self.order, self.saved, keep, remake,
+                            registry.table("kind"), K_VIEW, 0 if self.remat is True else REMAT_MIN_ELEMENTS)
+        if not mask.any():
+            return plain
+        remade = plain._replace(remake=mask)
+        trial = self.trial
+        if trial.measure(remade)["peak_bytes"] >= trial.measure(keep)["peak_bytes"]:
+            return plain
+        self.chosen += ", cheap values copied again for backward"
+        return remade
+
     def revolve(self, slots, group=1, fine=False):
         """The binomial (Revolve) schedule with ``slots`` stored states at once (the
         leaves hold the start state for free), over steps of ``group`` narrow points.
@@ -276,7 +302,8 @@ class Planner:
         orig_lo[order[(nodes.flags[order] & F_LEAF) != 0]] = 0
         orig_lo[self.loss] = 0
         orig_lo[statistics_nodes(nodes, order)] = 0          # batch statistics: io slots, kept for free
-        sched = Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1)
+        sched = Schedule(orig_lo, make_from, make_to, make_lo, seg, self.step_of(fine_states), fine_states.size + 1,
+                         np.zeros(self.end, np.uint8))
         self._revolves[id(sched)] = (int(slots), int(group), bool(fine))
         return sched
 

@@ -106,6 +106,63 @@ def remake_table() -> np.ndarray:
 
 
 @njit(cache=True)
+def _cheap(G, n, remake):
+    """Is computed node n cheap to make twice: memory-bound, or a cheap row kernel mapping its
+    first source's elements one to one?"""
+    return remake[G.op[n]] == COPY or (remake[G.op[n]] == MAP and G.src[n, 0] >= 0 and
+                                       numel(G.shape, n) == numel(G.shape, G.src[n, 0]))
+
+
+AGAIN, ON_THE_WAY = 1, 2   # copied_again: copied afresh for backward; copied afresh to make one of those
+
+
+@njit(cache=True)
+def copied_again(G, order, saved, keep, remake, kinds, view_kind, min_elements):
+    """Per node id: AGAIN for the recomputed tensors worth a second copy for their backward
+    reads (rewrite.py's ``remake``) -- not kept, read by backward (``saved``), of
+    ``min_elements`` or more, cheap (``remake``: remake_table's), and made from what stays
+    alive for backward anyway (leaves, kept tensors, tensors backward reads) through at most
+    MAX_REMAT_DEPTH cheap steps, which are ON_THE_WAY (the batch norm between a convolution
+    and its relu) -- so a second copy holds no source longer than its own readers would."""
+    n_ids = keep.size
+    live = np.zeros(n_ids, np.uint8)           # alive for backward anyway
+    depth = np.full(n_ids, -1, np.int64)       # cheap steps to make it from live tensors; -1: never
+    out = np.zeros(n_ids, np.uint8)
+    for n in order:
+        leaf = G.flags[n] & F_LEAF
+        view = kinds[G.op[n]] == view_kind
+        live[n] = 1 if leaf or keep[n] or saved[n] or (view and live[G.src[n, 0]]) else 0
+        if leaf or keep[n] or not (view or _cheap(G, n, remake)):
+            continue
+        d = 0
+        for k in range(MAX_SRC):
+            u = G.src[n, k]
+            if u < 0:
+                break
+            if not live[u]:
+                if depth[u] < 0:
+                    d = -1
+                    break
+                d = max(d, depth[u])
+        if d < 0:
+            continue
+        depth[n] = d if view else d + 1
+        if saved[n] and not view and depth[n] <= MAX_REMAT_DEPTH and numel(G.shape, n) >= min_elements:
+            out[n] = AGAIN
+    for t in range(order.size - 1, -1, -1):   # what making them again goes through
+        n = order[t]
+        if out[n] == 0:
+            continue
+        for k in range(MAX_SRC):
+            u = G.src[n, k]
+            if u < 0:
+                break
+            if not live[u] and out[u] == 0:
+                out[u] = ON_THE_WAY
+    return out
+
+
+@njit(cache=True)
 def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, min_elements):
     """Mask of the forward nodes a plan keeping ``keep`` should recompute instead: cheap
     (``remake``: an elementwise op, a copy, a padding, a norm), read by the backward pass, and remade from what
@@ -129,9 +186,7 @@ def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, m
         if G.flags[n] & F_LEAF:
             continue
         view = kinds[G.op[n]] == view_kind
-        cheap = remake[G.op[n]] == COPY or (remake[G.op[n]] == MAP and G.src[n, 0] >= 0 and
-                                             numel(G.shape, n) == numel(G.shape, G.src[n, 0]))
-        if not (view or cheap):
+        if not (view or _cheap(G, n, remake)):
             continue
         d = 0
         for k in range(MAX_SRC):

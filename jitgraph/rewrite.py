@@ -24,6 +24,14 @@ tensor's entry.  What a copy serves is the plan's choice (``Schedule``):
   numbered by forward position: a plan may make each forward node's rule a
   segment of its own, or one segment of a whole step.
 
+A one-level plan may also name cheap tensors to make again (``Schedule.remake``: an
+elementwise op, a norm; cost.copied_again).  When a backward node reads one whose only copy
+was made on the way to another copy -- the gelu a recomputed product read, long before the
+gradient that reads it too -- it gets a fresh copy of its own (with the cheap steps between,
+a batch norm before a relu), made right before it, and the first one dies with the
+recomputation: a few memory-bound passes for a buffer less across the stretch between (the
+remat of the plain plan, inside a recomputed segment).
+
 Copies are exact copies of their original (op, params, shape; the origin field
 names the original, which dropout uses as its mask's identity), so they run the
 same kernels on the same values and gradients stay bit-identical.  A copy's
@@ -34,6 +42,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .cost import AGAIN, ON_THE_WAY
 from .emit import copy_node
 from .ir import F_GRAD, F_INDEX, F_LEAF, F_RECOMPUTED, MAX_SRC
 from .status import NEED_SPACE, OK
@@ -51,16 +60,20 @@ class Schedule(NamedTuple):
     seg_of: np.ndarray    # segment of the backward nodes this forward node's rule made
     step_of: np.ndarray   # forward step (for counting recomputed steps)
     n_steps: int
+    remake: np.ndarray    # cost.copied_again's: AGAIN, a backward read gets its own copy when the entry
+                          # was made for a copy; ON_THE_WAY, copied afresh with it
 
 
-def one_level(keep: np.ndarray, step_of: np.ndarray, n_steps: int) -> Schedule:
+def one_level(keep: np.ndarray, step_of: np.ndarray, n_steps: int, remake=None) -> Schedule:
     """The schedule of a keep mask: kept originals serve everyone, every other tensor
-    is copied once, for everyone (one segment)."""
+    is copied once, for everyone (one segment) -- but the ``remake`` ones (a mask), copied
+    again for the backward reads when their copy was made for a recomputation."""
     n = keep.size
     orig_lo = np.where(keep.astype(bool), 0, NEVER).astype(np.int64)
     never = np.full(n, -1, np.int64)
+    remake = np.zeros(n, np.uint8) if remake is None else np.asarray(remake, np.uint8)
     return Schedule(orig_lo, never, never, np.zeros(n, np.int64), np.zeros(n, np.int64),
-                    np.asarray(step_of, np.int64), int(n_steps))
+                    np.asarray(step_of, np.int64), int(n_steps), remake)
 
 
 @njit(cache=True)
@@ -111,15 +124,37 @@ def _recompute(G, st, v0, k, cur, lo, make_from, make_to, make_lo, step_of, n_st
 
 
 @njit(cache=True)
+def _forget(src, v, cur, remake, stack):
+    """Drop the entries of v and of the ON_THE_WAY tensors it is made from, so that the next
+    reference copies them afresh."""
+    cur[v] = -1
+    stack[0] = v
+    sp = 1
+    while sp > 0:                         # each entry dropped once, when pushed
+        sp -= 1
+        w = stack[sp]
+        for j in range(MAX_SRC):
+            u = src[w, j]
+            if u < 0:
+                break
+            if remake[u] == ON_THE_WAY and cur[u] >= 0 and cur[u] != u:
+                cur[u] = -1
+                stack[sp] = u
+                sp += 1
+
+
+@njit(cache=True)
 def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, is_forward, cur, lo, make_from,
-                     make_to, make_lo, seg_of, step_of, n_steps, seen, counts, stores):
+                     make_to, make_lo, seg_of, step_of, n_steps, seen, counts, stores, remake, direct):
     """Point the backward nodes [position, end_backward) at entries that serve their
     segment.  ``counts``: [current segment, recomputed steps, copies, stores made],
     carried over a resumption.  ``stores``: the states a plan stores from a recomputation
     (copies that serve beyond the segment making them), latest window first: one whose
     window the rewrite leaves without having made it -- no backward node of those segments
     read it (a dropout's rule reads no tensor) -- is made then, so the later segments find
-    it stored, as the plan counted on, instead of each recomputing it.  Returns (status,
+    it stored, as the plan counted on, instead of each recomputing it.  ``direct``: the
+    entry of a tensor was made for (or has served) a backward read; a ``remake`` tensor whose
+    entry was not is copied afresh for the read.  Returns (status,
     position): NEED_SPACE when fewer than n_forward + 1 free rows remain before a node
     (one node's references, or one store, copy each forward node at most once) -- grow the
     table and call again from position."""
@@ -145,6 +180,9 @@ def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, i
             if s < 0:
                 break
             if s < first_backward and is_forward[s]:
+                if remake[s] == AGAIN and not direct[s] and cur[s] != s:
+                    _forget(src, s, cur, remake, stack)    # its copy fed a recomputation: a fresh one
+                direct[s] = 1
                 src[n, j] = _recompute(G, st, s, k, cur, lo, make_from, make_to, make_lo, step_of, n_steps, seen,
                                        stack, counts)
     return OK, end_backward
@@ -168,13 +206,15 @@ def run_rewrite(nodes, first: int, end: int, fwd_order: np.ndarray, sched: Sched
     stores = stores[np.argsort(-mf[stores], kind="stable")]
     counts[0] = int(sched.seg_of[fwd_order].max()) if fwd_order.size else 0
     n_fwd = int(fwd_order.size)
+    remake = np.asarray(sched.remake[:first], np.uint8)
+    direct = np.zeros(first, np.uint8)
     position = first
     while True:
         nodes.reserve(n_fwd + 1)
         st = np.array([nodes.n, nodes.capacity], np.int64)
         status, position = rewrite_backward(nodes.arrays(), st, first, end, position, n_fwd, is_forward, cur, lo,
                                             sched.make_from, sched.make_to, sched.make_lo, sched.seg_of, sched.step_of,
-                                            sched.n_steps, seen, counts, stores)
+                                            sched.n_steps, seen, counts, stores, remake, direct)
         nodes.n = int(st[0])
         if status == OK:
             return counts

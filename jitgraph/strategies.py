@@ -60,14 +60,14 @@ def choose_plan(planner, checkpoints, memory_budget, policy, slots=None, plan=No
         keep = planner.without_cheap(planner.keep(recompute_ids=recompute))
         planner.chosen = ("jg.checkpoint segments" if seg.any() else "none") + \
             (", cheap values remade (remat)" if not keep[order[~seg]].all() else "")
-        if not seg.any() and keep[order].all():
-            return None                       # nothing to recompute: no rewrite
-        return planner.schedule(keep)
+        if not seg.any():                     # the plain plan: each remade value is copied once
+            return None if keep[order].all() else planner.schedule(keep)
+        return planner.remade_schedule(keep)
     for n in kept:
         nodes.flags[n] |= F_CHECKPOINT
     if recompute is not None:
-        return planner.schedule(planner.without_cheap(planner.keep(kept_ids=kept, recompute_ids=recompute)))
-    return planner.schedule(planner.without_cheap(planner.keep(kept_ids=kept)))
+        return planner.remade_schedule(planner.without_cheap(planner.keep(kept_ids=kept, recompute_ids=recompute)))
+    return planner.remade_schedule(planner.without_cheap(planner.keep(kept_ids=kept)))
 
 
 def _slots(planner, slots):

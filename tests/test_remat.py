@@ -192,3 +192,91 @@ def test_memory_budget_and_pareto_weigh_the_remade_plain_plan():
     assert all(r["strategy"] != "remat" for r in jg.pareto(fwd, remat=False))
     with pytest.raises(GraphError, match="pareto: remat must be"):
         jg.pareto(fwd, remat="no")
+
+
+# ---- inside a recomputed segment: cheap copies made again for their backward readers ---------
+
+def gelu_blocks(D, dtype, B=8, layers=3):
+    """mlp's residual blocks, with the block outputs (the checkpoints a plan keeps) too."""
+    rng = np.random.default_rng(4)
+    g = jg.Graph(dtype)
+    x = g.input((B, D), name="x")
+    params, h, outs = [], x, []
+    for i in range(layers):
+        W1 = g.param((rng.standard_normal((D, 4 * D)) / np.sqrt(D)).astype(dtype), name=f"W1_{i}")
+        W2 = g.param((rng.standard_normal((4 * D, D)) / np.sqrt(4 * D)).astype(dtype), name=f"W2_{i}")
+        h = h + jg.gelu(h @ W1) @ W2
+        params += [W1, W2]
+        outs.append(h)
+    return g, jg.mean(jg.sqr(h)), params, outs, {x: rng.standard_normal((B, D)).astype(dtype)}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_recomputed_gelu_is_copied_again_for_its_gradient(dtype):
+    """Only the first block's output is kept: the backward pass reads blocks 2's and 3's
+    outputs first (sqr's rule, the residual), and remaking them recomputes those blocks whole
+    -- each gelu read by its product -- long before the W2 gradients read the gelus.  remat
+    copies those two gelus again right before that read (from the products gelu_d reads
+    anyway), so the first copies die with the recomputation: a gelu fewer at the peak, the
+    same bits as the plan without copies and as no checkpoints at all."""
+    g, loss, params, outs, feeds = gelu_blocks(32, dtype)
+    fwd = jg.build_forward(loss)
+    plain = grads_bits(jg.build_backward(fwd, remat=False), params, feeds)
+    again = jg.build_backward(fwd, checkpoints=[outs[0]], remat=True)
+    once = jg.build_backward(fwd, checkpoints=[outs[0]], remat=False)
+    assert "cheap values copied again for backward" in again.stats()["plan"]
+    assert "copied again" not in once.stats()["plan"]
+    assert recomputed_ops(again).count("gelu") == recomputed_ops(once).count("gelu") + 2
+    assert [op for op in recomputed_ops(again) if op != "gelu"] == [op for op in recomputed_ops(once) if op != "gelu"]
+    gelu_bytes = 8 * 4 * 32 * np.dtype(dtype).itemsize
+    assert again.peak_bytes <= once.peak_bytes - gelu_bytes
+    assert grads_bits(again, params, feeds) == grads_bits(once, params, feeds) == plain
+    for prog in (again, once):
+        check_no_overlap(prog)
+
+
+def test_copies_again_only_what_is_made_from_what_backward_holds():
+    """cost.copied_again on a chain like a convolution's: p = x @ W (read by the mul's rule, so
+    alive for backward), n = p * p + c (the mul and the add: read by no rule, steps on the way),
+    r = tanh(n) (its rule reads r): r is copied again, the mul and the add on its way; the
+    product never (not cheap)."""
+    from jitgraph import registry
+    from jitgraph.cost import AGAIN, ON_THE_WAY, analyze_forward, copied_again, remake_table
+    from jitgraph.plan import K_VIEW
+    rng = np.random.default_rng(5)
+    g = jg.Graph(np.float64)
+    x = g.input((4, 6), name="x")
+    W = g.param(rng.standard_normal((6, 6)), name="W")
+    c = g.const(rng.standard_normal((4, 6)))
+    p = x @ W
+    sq = p * p
+    n = sq + c
+    r = jg.tanh(n)
+    loss = jg.sum(r)
+    fwd = jg.build_forward(loss)
+    first = g.nodes.n
+    jg.build_backward(fwd, remat=False)                    # the plain backward pass: nodes [first, end)
+    saved = analyze_forward(g.nodes.arrays(), first, fwd.order, first, g.nodes.n, registry.table("flops"),
+                            registry.table("kind"), K_VIEW)[0]
+    keep = np.zeros(first, np.uint8)
+    keep[[x.id, W.id, c.id]] = 1
+    out = copied_again(g.nodes.arrays(), fwd.order, saved, keep, remake_table(), registry.table("kind"), K_VIEW, 0)
+    assert saved[p.id] and saved[r.id] and not saved[n.id]
+    assert out[r.id] == AGAIN and out[n.id] == ON_THE_WAY and out[p.id] == 0
+    assert out[sq.id] == ON_THE_WAY   # read by no rule either: the first of r's MAX_REMAT_DEPTH steps
+
+
+@given(programs(), st.integers(0, 3))
+@settings(max_examples=examples(40))
+def test_random_checkpointed_programs_copied_again_keep_bits_and_never_peak_higher(program, seed):
+    g, ps, vals, loss, params, weights = instance(program, seed)
+    fwd = jg.build_forward(loss)
+    plain = jg.build_backward(fwd, remat=False)
+    ps = [p for p in ps if p.id in plain.params]
+    want = grads_bits(plain, ps)
+    for checkpoints in ("sqrt", []):
+        again = jg.build_backward(fwd, checkpoints=checkpoints, remat=True)
+        once = jg.build_backward(fwd, checkpoints=checkpoints, remat=False)
+        check_no_overlap(again)
+        assert grads_bits(again, ps) == grads_bits(once, ps) == want
+        assert again.peak_bytes <= once.peak_bytes
