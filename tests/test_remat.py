@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg
-from jitgraph.cost import MAX_REMAT_DEPTH, REMAT_MIN_ELEMENTS
+from jitgraph import registry
+from jitgraph.cost import AGAIN, MAX_REMAT_DEPTH, ON_THE_WAY, REMAT_MIN_ELEMENTS, analyze_forward, copied_again, remake_table
 from jitgraph.errors import GraphError
 from jitgraph.ir import F_RECOMPUTED
+from jitgraph.plan import K_VIEW
 
 from .conftest import examples
 from .graphgen import instance, programs
@@ -240,9 +242,6 @@ def test_copies_again_only_what_is_made_from_what_backward_holds():
     alive for backward), n = p * p + c (the mul and the add: read by no rule, steps on the way),
     r = tanh(n) (its rule reads r): r is copied again, the mul and the add on its way; the
     product never (not cheap)."""
-    from jitgraph import registry
-    from jitgraph.cost import AGAIN, ON_THE_WAY, analyze_forward, copied_again, remake_table
-    from jitgraph.plan import K_VIEW
     rng = np.random.default_rng(5)
     g = jg.Graph(np.float64)
     x = g.input((4, 6), name="x")
@@ -280,3 +279,28 @@ def test_random_checkpointed_programs_copied_again_keep_bits_and_never_peak_high
         check_no_overlap(again)
         assert grads_bits(again, ps) == grads_bits(once, ps) == want
         assert again.peak_bytes <= once.peak_bytes
+
+
+def test_a_checkpoint_segment_copies_its_gelus_again_too():
+    """jg.checkpoint over two blocks: recomputing the segment for the second block's backward
+    makes the first block's gelu long before W2_0's gradient reads it -- copied again there,
+    with the bits of the plan that saves everything."""
+    rng = np.random.default_rng(6)
+    g = jg.Graph(np.float64)
+    x = g.input((8, 32), name="x")
+    Ws = [g.param(rng.standard_normal(shape) / np.sqrt(shape[0]), name=f"W{i}")
+          for i, shape in enumerate([(32, 128), (128, 32)] * 2)]
+
+    def two_blocks(h):
+        for W1, W2 in (Ws[:2], Ws[2:]):
+            h = h + jg.gelu(h @ W1) @ W2
+        return h
+    loss = jg.mean(jg.sqr(jg.checkpoint(two_blocks, x)))
+    feeds = {x: rng.standard_normal((8, 32))}
+    fwd = jg.build_forward(loss)
+    again, once = jg.build_backward(fwd, remat=True), jg.build_backward(fwd, remat=False)
+    assert again.stats()["plan"] == "jg.checkpoint segments, cheap values copied again for backward"
+    assert once.stats()["plan"] == "jg.checkpoint segments"
+    assert again.peak_bytes < once.peak_bytes
+    plain = jg.build_backward(jg.build_forward(jg.mean(jg.sqr(two_blocks(x)))), remat=False)   # no segment
+    assert grads_bits(again, Ws, feeds) == grads_bits(once, Ws, feeds) == grads_bits(plain, Ws, feeds)
