@@ -1,5 +1,6 @@
 """Every forward op against a naive numpy reference: random shapes, broadcasting,
 edge shapes (size-1 dims, scalars, 4-D), float32 and float64."""
+import itertools
 import math
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from scipy.special import erf
 
 import jitgraph as jg
+from jitgraph.ops.shape import transpose_kernel
 from jitgraph.registry import BY_NAME
 
 from .conftest import tol
@@ -216,6 +218,24 @@ def test_transposes_by_tiles_at_every_thread_count(shape, axes, dtype):
             np.testing.assert_array_equal(fwd.run({t: x}), np.transpose(x, axes), err_msg=f"{n} threads")
         finally:
             jg.set_num_threads()
+
+
+@pytest.mark.parametrize("axes", list(itertools.permutations(range(4))))
+def test_the_transpose_kernel_over_any_range_of_rows(axes, dtype):
+    """transpose_kernel counts its rows' indices from the first row of its range (one division,
+    not one a row): every permutation of a 4-D shape with odd sizes (and one wide enough for
+    tiles), cut into ranges at every kind of boundary, gives numpy's transpose."""
+    rng = np.random.default_rng(23)
+    for shape in ((3, 5, 7, 9), (2, 9, 8, 17)):
+        x = rand(rng, shape, dtype)
+        want = np.ascontiguousarray(np.transpose(x, axes)).ravel()
+        rows = int(np.prod(want.shape)) // shape[axes[3]]
+        for cuts in ([0, rows], [0, 1, rows], [0, 5, 6, 37, rows], list(range(0, rows, 7)) + [rows]):
+            out = np.full(want.size, np.nan, dtype)
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                assert transpose_kernel(out, x.ravel(), np.array(shape, np.int64), np.array(axes, np.int64), lo,
+                                        min(hi, rows)) == 0
+            np.testing.assert_array_equal(out, want, err_msg=f"{shape} {axes} {cuts}")
 
 
 @pytest.mark.parametrize("log", [False, True])

@@ -124,11 +124,14 @@ def transpose_kernel(out, x, sx, perm, lo, hi):
     step = U(s3)
     L = VECTOR_BYTES // out.itemsize
     tiled = s3 != 1 and s2 == 1 and n2 >= L and n3 >= L
+    if lo >= hi:
+        return OK
     r = lo
+    i2 = lo % n2                   # row r = (i0 n1 + i1) n2 + i2: divided once, then counted
+    i1 = (lo // n2) % n1           # (a division per row cost more than a row of 32 elements)
+    i0 = lo // (n2 * n1)
     while r < hi:
-        i2 = r % n2
-        q = r // n2
-        base = U((q // n1) * s0 + (q % n1) * s1 + i2 * s2)
+        base = U(i0 * s0 + i1 * s1 + i2 * s2)
         y = U(r * n3)              # unsigned indices: no wraparound test, no slice per row (ops/windows.py)
         if tiled and i2 + L <= n2 and r + L <= hi:      # rows r .. r + L - 1: x's elements base + a
             i3 = 0
@@ -136,17 +139,25 @@ def transpose_kernel(out, x, sx, perm, lo, hi):
                 TILE(data_pointer(x[base + step * i3:]), s3, data_pointer(out[y + i3:]), n3)
                 i3 += L
             for a in range(U(L)):
-                for k in range(U(i3), U(n3)):
-                    out[y + a * n3 + k] = x[base + a + step * k]
+                for j in range(U(i3), U(n3)):
+                    out[y + a * n3 + j] = x[base + a + step * j]
             r += L
-            continue
-        if s3 == 1:
-            for i3 in range(U(n3)):
-                out[y + i3] = x[base + i3]
+            i2 += L                # at most to the end of axis 2
         else:
-            for i3 in range(U(n3)):
-                out[y + i3] = x[base + step * i3]
-        r += 1
+            if s3 == 1:
+                for i3 in range(U(n3)):
+                    out[y + i3] = x[base + i3]
+            else:
+                for i3 in range(U(n3)):
+                    out[y + i3] = x[base + step * i3]
+            r += 1
+            i2 += 1
+        if i2 == n2:
+            i2 = 0
+            i1 += 1
+            if i1 == n1:
+                i1 = 0
+                i0 += 1
     return OK
 
 
