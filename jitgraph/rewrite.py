@@ -155,9 +155,9 @@ def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, i
     it stored, as the plan counted on, instead of each recomputing it.  ``direct``: the
     entry of a tensor was made for (or has served) a backward read; a ``remake`` tensor whose
     entry was not is copied afresh for the read.  Returns (status,
-    position): NEED_SPACE when fewer than n_forward + 1 free rows remain before a node
-    (one node's references, or one store, copy each forward node at most once) -- grow the
-    table and call again from position."""
+    position): NEED_SPACE when fewer than n_forward + 1 free rows remain before a node or one
+    of its references (a reference, or one store, copies each forward node at most once) --
+    grow the table and call again from position."""
     src, origin = G.src, G.origin
     stack = np.empty(n_forward + 1, np.int64)
     for n in range(position, end_backward):
@@ -180,6 +180,8 @@ def rewrite_backward(G, st, first_backward, end_backward, position, n_forward, i
             if s < 0:
                 break
             if s < first_backward and is_forward[s]:
+                if st[0] + n_forward + 1 > st[1]:     # a forgotten copy may be made twice in one node:
+                    return NEED_SPACE, n              # resume here (its slots done point at copies: skipped)
                 if remake[s] == AGAIN and not direct[s] and cur[s] != s:
                     _forget(src, s, cur, remake, stack)    # its copy fed a recomputation: a fresh one
                 direct[s] = 1
