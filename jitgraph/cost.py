@@ -113,6 +113,22 @@ def _cheap(G, n, remake):
                                        numel(G.shape, n) == numel(G.shape, G.src[n, 0]))
 
 
+@njit(cache=True)
+def _depth_from(G, n, alive, depth):
+    """Cheap steps (``depth``) to remake node n's sources from ``alive`` tensors: the deepest
+    over the sources not alive, 0 if all are, -1 if one cannot be remade."""
+    d = 0
+    for k in range(MAX_SRC):
+        u = G.src[n, k]
+        if u < 0:
+            break
+        if not alive[u]:
+            if depth[u] < 0:
+                return -1
+            d = max(d, depth[u])
+    return d
+
+
 AGAIN, ON_THE_WAY = 1, 2   # copied_again: copied afresh for backward; copied afresh to make one of those
 
 
@@ -134,16 +150,7 @@ def copied_again(G, order, saved, keep, remake, kinds, view_kind, min_elements):
         live[n] = 1 if leaf or keep[n] or saved[n] or (view and live[G.src[n, 0]]) else 0
         if leaf or keep[n] or not (view or _cheap(G, n, remake)):
             continue
-        d = 0
-        for k in range(MAX_SRC):
-            u = G.src[n, k]
-            if u < 0:
-                break
-            if not live[u]:
-                if depth[u] < 0:
-                    d = -1
-                    break
-                d = max(d, depth[u])
+        d = _depth_from(G, n, live, depth)
         if d < 0:
             continue
         depth[n] = d if view else d + 1
@@ -181,29 +188,22 @@ def not_worth_saving(G, n_nodes, order, saved, keep, remake, kinds, view_kind, m
                 live[G.src[n, 0]] = 1
     depth = np.full(n_nodes, -1, np.int64)      # memory-bound steps to remake it from live tensors; -1: never
     drop = np.zeros(n_nodes, np.uint8)
+    alive = ((G.flags[:n_nodes] & F_LEAF) != 0).astype(np.uint8)   # leaves, and live tensors not dropped
     for t in range(order.size):
         n = order[t]
         if G.flags[n] & F_LEAF:
             continue
+        alive[n] = live[n]                   # drops are final: a reader sees its sources' verdicts
         view = kinds[G.op[n]] == view_kind
         if not (view or _cheap(G, n, remake)):
             continue
-        d = 0
-        for k in range(MAX_SRC):
-            s = G.src[n, k]
-            if s < 0:
-                break
-            if (G.flags[s] & F_LEAF) or (live[s] and not drop[s]):
-                continue
-            if depth[s] < 0:
-                d = -1
-                break
-            d = max(d, depth[s])
+        d = _depth_from(G, n, alive, depth)
         if d < 0:
             continue
         depth[n] = d if view else d + 1
         if depth[n] <= MAX_REMAT_DEPTH and (not live[n] or numel(G.shape, n) >= min_elements):
             drop[n] = 1                      # unsaved ones too: a remake must not read the forward copy
+            alive[n] = 0
     return drop
 
 
