@@ -88,7 +88,8 @@ IM2COL, COL2IM = 81, 82                                                # ops/win
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
 GROUP, EPILOGUE = 90, 91                                               # ops/group.py: fused elementwise nodes
 WINOGRAD_WEIGHTS = 92                                                  # ops/winograd.py
-NEXT_CODE = 93
+GELU_GRAD = 93                                                         # ops/unary.py
+NEXT_CODE = 94
 
 
 def _names(params: Any, what: str) -> tuple:

@@ -34,7 +34,7 @@ DTYPES = ("float32", "float64")
 # MLPs, transformers, the demo -- beside the graph passes.  The rest compiles on first use.
 # Each op's runner is its own compile (1-3 s of a core here), so the set is what the demo, MLPs and
 # the first transformer need; an install also compiles the passes of plain and sqrt-checkpointed programs.
-COMMON = ("add", "sub", "mul", "sum", "mean", "broadcast", "matmul", "relu", "relu_d", "gelu", "gelu_d", "softmax",
+COMMON = ("add", "sub", "mul", "sum", "mean", "broadcast", "matmul", "relu", "relu_d", "gelu", "gelu_grad", "softmax",
           "softmax_d", "cross_entropy", "cross_entropy_d", "cross_entropy_index", "cross_entropy_index_d",
           "layer_norm", "layer_norm_d", "dropout", "embedding", "scatter_add", "transpose")
 

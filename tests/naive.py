@@ -363,6 +363,8 @@ REF = {
     "sign": Case(np.sign, one(away0(3, 4)), "unary", grad=False),
     "gelu_d": Case(lambda x: 0.5 * (1 + erf(x / math.sqrt(2))) + x * PHI * np.exp(-0.5 * x * x),
                    one(u(3, 4)), "unary"),
+    "gelu_grad": Case(lambda g, x: g * (0.5 * (1 + erf(x / math.sqrt(2))) + x * PHI * np.exp(-0.5 * x * x)),
+                      lambda r: [u(3, 4)(r), u(3, 4)(r)], "rowpair"),
     "gelu_dd": Case(lambda x: PHI * np.exp(-0.5 * x * x) * (2 - x * x), one(u(3, 4)), "unary", grad=False),
     "silu_d": Case(lambda x: sigmoid(x) * (1 + x * (1 - sigmoid(x))), one(u(3, 4)), "unary"),
     "silu_dd": Case(lambda x: sigmoid(x) * (1 - sigmoid(x)) * (2 + x * (1 - 2 * sigmoid(x))), one(u(3, 4)),

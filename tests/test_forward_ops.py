@@ -411,3 +411,47 @@ def test_results_are_fresh_copies_and_params_are_read_at_run_time():
     r2 = fwd.run({x: [1.0, 2.0]})
     np.testing.assert_array_equal(r1, [1.0, 2.0])
     np.testing.assert_array_equal(r2, [3.0, 8.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_grad_has_the_bits_of_gelu_d_times_g(dtype):
+    """gelu_grad(g, x) = g * gelu_d(x) in one pass: the same bits as the two nodes, over a dense
+    range, the tails and the special values."""
+    from jitgraph.ops.unary import gelu_d, gelu_grad
+    rng = np.random.default_rng(7)
+    x = np.concatenate([np.linspace(-12.0, 12.0, 20001), rng.standard_normal(5000) * 3,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 40.0, -40.0]]).astype(dtype)
+    g = rng.standard_normal(x.size).astype(dtype)
+    g[:3] = (0.0, np.inf, -1.0)
+    with np.errstate(all="ignore"):
+        one = run_fn(gelu_grad, [g, x], dtype)
+        two = run_fn(lambda a, b: a * gelu_d(b), [g, x], dtype)
+    assert one.dtype == dtype and one.tobytes() == two.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_gradients_are_one_node_with_the_two_nodes_bits(dtype, monkeypatch):
+    """gelu's rule emits gelu_grad (no gelu_d, no mul); first and second order gradients have the
+    bits the rule of two nodes gave."""
+    from jitgraph import rules
+    from jitgraph.ops import unary
+    rng = np.random.default_rng(3)
+    xs, ws = rng.standard_normal((8, 16)).astype(dtype), rng.standard_normal((8, 16)).astype(dtype)
+
+    def grads():
+        g = jg.Graph(dtype)
+        x, w = g.param(xs, name="x"), g.param(ws, name="w")
+        (gx,) = jg.grad(jg.sum(jg.gelu(x) * w), [x])
+        (gxx,) = jg.grad(jg.sum(gx * w), [x])
+        prog = jg.build_forward([gx, gxx])
+        return [n["op"] for n in prog.nodes()], [a.tobytes() for a in prog.run({})]
+
+    ops_one, one = grads()
+    monkeypatch.setattr(unary, "GRAD_IN_ONE_NODE", False)
+    monkeypatch.setattr(rules, "_tables", {})
+    ops_two, two = grads()
+    monkeypatch.undo()
+    rules._tables.clear()
+    assert "gelu_grad" in ops_one and "gelu_d" not in ops_one and ops_one.count("mul") < ops_two.count("mul")
+    assert "gelu_grad" not in ops_two and "gelu_d" in ops_two
+    assert one == two

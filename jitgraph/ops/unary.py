@@ -16,7 +16,7 @@ from .. import vmath
 from ..errors import GraphError
 from ..graph import Tensor
 from ..native import chunk_operand, operand, output, run_view, same_data, span
-from ..registry import (ABS, COPY, ELEMENTWISE, EXP, GELU, GELU_D, GELU_DD, LEAKY_RELU, LOG, NEG, RELU, RELU_D, SIGMOID,
+from ..registry import (ABS, COPY, ELEMENTWISE, EXP, GELU, GELU_D, GELU_DD, GELU_GRAD, LEAKY_RELU, LOG, NEG, RELU, RELU_D, SIGMOID,
                         SIGN, SILU, SILU_D, SILU_DD, SQR, SQRT, STEP, TANH, ZERO_GRAD, defop, slots)
 from ..rules import op
 from ..status import OK
@@ -285,8 +285,16 @@ def _chunk_gelu(n, lo, hi, ctx, mem, store):
     return unary_chunk(run_view(ctx, mem, store), n, _gelu, hi)
 
 
-defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, chunk=_chunk_gelu, flops=16,
-      vjp=lambda g, x: g * op.gelu_d(x))
+# gelu's gradient in one node, gelu_grad(g, x) = g * gelu_d(x), which gives the same bits (False:
+# the two nodes, as the rules were recorded before it: tests/test_rule_programs.py)
+GRAD_IN_ONE_NODE = True
+
+
+def _gelu_vjp(g, x):
+    return op.gelu_grad(g, x) if GRAD_IN_ONE_NODE else g * op.gelu_d(x)
+
+
+defop(GELU, "gelu", gelu, _run_gelu, arity=1, kind=ELEMENTWISE, chunk=_chunk_gelu, flops=16, vjp=_gelu_vjp)
 
 
 # ---- silu -----------------------------------------------------------------------------------------
@@ -499,6 +507,26 @@ def _chunk_gelu_d(n, lo, hi, ctx, mem, store):
 
 defop(GELU_D, "gelu_d", gelu_d, _run_gelu_d, arity=1, kind=ELEMENTWISE, chunk=_chunk_gelu_d, flops=16, public=False,
       vjp=lambda g, x: g * op.gelu_dd(x))
+
+
+def gelu_grad(g: Tensor, x: Tensor) -> Tensor:
+    """g * gelu'(x): gelu's gradient in one node, with the bits of mul(g, gelu_d(x)) (one pass
+    where the two took two, and no gelu_d tensor in the plan)."""
+    g, x = need_pair("gelu_grad", g, x)
+    return g.graph._node(GELU_GRAD, (g.id, x.id), g.shape)
+
+
+def _run_gelu_grad(n, lo, hi, ctx, mem, store):
+    return times(run_view(ctx, mem, store), n, _gelu_d, lo, hi)
+
+
+def _chunk_gelu_grad(n, lo, hi, ctx, mem, store):
+    return times_chunk(run_view(ctx, mem, store), n, _gelu_d, hi)
+
+
+defop(GELU_GRAD, "gelu_grad", gelu_grad, _run_gelu_grad, arity=2, kind=ELEMENTWISE, chunk=_chunk_gelu_grad, flops=17,
+      public=False, sources=("g", "x"),
+      vjp=lambda h, g, x: (op.gelu_grad(h, x), h * g * op.gelu_dd(x)))     # mul's and gelu_d's rules, composed
 
 
 def gelu_dd(t: Tensor) -> Tensor:
