@@ -296,9 +296,9 @@ def _parse(words):
 def _order(units):
     """The order every process takes units in (each claims the first one not yet
     claimed): the kernels longest first, so the last to finish is a short one -- a unary
-    op's runner (one or two loops, ~0.4 s to compile) after the others (broadcast cases,
+    or derivative op's runner (one or two loops, ~0.4 s to compile) after the others (broadcast cases,
     layouts, tiles: 1-1.6 s)."""
-    return sorted(dict.fromkeys(units), key=lambda unit: registry.OPS[unit[1]].family == "unary")
+    return sorted(dict.fromkeys(units), key=lambda unit: registry.OPS[unit[1]].family in ("unary", "derivatives"))
 
 
 def compile_units(units) -> list:

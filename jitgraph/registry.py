@@ -70,7 +70,7 @@ ZERO_GRAD = _Sentinel("ZERO_GRAD")   # piecewise constant: contributes nothing t
 NOP, INPUT, PARAM, CONST = 0, 1, 2, 3                                  # leaves (Graph.input/param/const)
 ADD, SUB, MUL, DIV, AFFINE, WHERE = 4, 5, 6, 7, 9, 47                  # ops/binary.py
 NEG, SQR, SQRT, EXP, LOG, ABS, RELU, GELU, SILU, TANH, SIGMOID, COPY = 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20
-STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD, LEAKY_RELU, RELU_D = 21, 22, 23, 24, 25, 26, 48, 88   # ops/unary.py
+STEP, SIGN, GELU_D, GELU_DD, SILU_D, SILU_DD, LEAKY_RELU, RELU_D = 21, 22, 23, 24, 25, 26, 48, 88   # ops/derivatives.py (leaky_relu: unary.py)
 SIN, COS, POW, CLIP, CLIP_MASK, SOFTPLUS = 56, 57, 58, 59, 60, 89      # ops/elementary.py
 MAXIMUM, MINIMUM, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL = 61, 62, 63, 64, 65, 66, 67   # ops/compare.py
 SUM, MEAN, MAX, BROADCAST, MAX_MASK, ARGMAX = 27, 28, 29, 30, 31, 68   # ops/reduce.py
@@ -88,7 +88,7 @@ IM2COL, COL2IM = 81, 82                                                # ops/win
 MAX_POOL2D, MAX_POOL2D_D, AVG_POOL2D, AVG_POOL2D_D = 83, 84, 85, 86   # ops/pool.py
 GROUP, EPILOGUE = 90, 91                                               # ops/group.py: fused elementwise nodes
 WINOGRAD_WEIGHTS = 92                                                  # ops/winograd.py
-GELU_GRAD = 93                                                         # ops/unary.py
+GELU_GRAD = 93                                                         # ops/derivatives.py
 NEXT_CODE = 94
 
 

@@ -417,7 +417,7 @@ def test_results_are_fresh_copies_and_params_are_read_at_run_time():
 def test_gelu_grad_has_the_bits_of_gelu_d_times_g(dtype):
     """gelu_grad(g, x) = g * gelu_d(x) in one pass: the same bits as the two nodes, over a dense
     range, the tails and the special values."""
-    from jitgraph.ops.unary import gelu_d, gelu_grad
+    from jitgraph.ops.derivatives import gelu_d, gelu_grad
     rng = np.random.default_rng(7)
     x = np.concatenate([np.linspace(-12.0, 12.0, 20001), rng.standard_normal(5000) * 3,
                         [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 40.0, -40.0]]).astype(dtype)

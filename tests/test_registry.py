@@ -30,7 +30,8 @@ PINNED = {
     "greater_equal": 66, "equal": 67, "argmax": 68, "attention": 69, "attention_d": 70, "batch_norm": 73,
     "batch_stats": 74, "batch_norm_sums": 75, "batch_norm_dx": 76, "conv2d": 79, "conv2d_weight": 80, "im2col": 81,
     "col2im": 82, "max_pool2d": 83, "max_pool2d_d": 84, "avg_pool2d": 85, "avg_pool2d_d": 86,
-    "layer_norm_affine": 87, "relu_d": 88, "gelu_grad": 93,
+    "layer_norm_affine": 87, "relu_d": 88, "softplus": 89, "group": 90, "epilogue": 91, "winograd_weights": 92,
+    "gelu_grad": 93,
 }
 SKIPPED = {71, 72, 77, 78}
 LEAVES = {"nop", "input", "param", "const"}
