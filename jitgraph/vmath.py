@@ -180,6 +180,8 @@ _ERFCX = (0.5720119476318359, 0.3262224495410919, 0.10202930867671967, 0.0059629
           -0.006150288041681051, -0.0006197632756084204, 0.0005851491587236524, 4.5890433284512255e-06,
           -5.3202486014924943e-05, 6.80673292663414e-06)
 _ERFCX32 = tuple(F(c) for c in reversed(_ERFCX))
+
+
 @njit(cache=True)
 def _exp_half_sq32(x):
     """exp(-x^2 / 2) to a few ulp: x^2 rounded to float32 would cost ~x^2 ulp, so the square
